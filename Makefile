@@ -1,0 +1,27 @@
+# topicbus — the two commands an operator needs: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test bench soak clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	PTB_TIMEDELTA=true $(BIN)/topicbus leader
+
+test: $(STAMP)
+	PTB_TIMEDELTA=true $(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	PTB_TIMEDELTA=true $(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,218 @@
+"""The bus transport: aiohttp WebSocket for followers plus /healthz, /metrics and /v1/status.
+
+The HTTP server lives as long as the process (standby included); the WebSocket endpoint accepts
+followers only once the leader has *published* it (after cleanup replay and its own provisioning).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+from loguru import logger
+
+from app.protocol import (BUS_PATH, MAX_FRAME_BYTES, ErrorCode, Kind, ProtocolError, ack, decode_frame, encode,
+                          error_ack, leader_identity, request_id_of)
+
+REPLAY_LEDGER_SIZE = 4096
+
+
+class BusConnection:
+    """One follower socket; implements the domain's ``FollowerConnection`` port."""
+
+    def __init__(self, ws: web.WebSocketResponse):
+        self._ws = ws
+        self._send_lock = asyncio.Lock()
+        self.replays: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
+
+    @property
+    def closed(self) -> bool:
+        return self._ws.closed
+
+    async def send_frame(self, frame: dict[str, Any]) -> None:
+        async with self._send_lock:
+            await self._ws.send_str(encode(frame))
+
+    async def close(self, code: int = 1000, message: str = "") -> None:
+        await self._ws.close(code=code, message=message.encode()[:120])
+
+
+class BusServer:
+    def __init__(self, *, host: str, port: int, secret: str | None,
+                 status: Callable[[], Awaitable[dict[str, Any]]], metrics: Callable[[], str]):
+        self._host = host
+        self._port = port
+        self._secret = (secret or "").encode()
+        self._status = status
+        self._metrics = metrics
+        self.role = "standby"
+        self.epoch = 0
+        self.polling = False
+        self.runtime: Any = None  # LeaderRuntime once published
+        self._runner: web.AppRunner | None = None
+        self._sockets: set[web.WebSocketResponse] = set()
+        self.bound_port: int | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        app = web.Application(client_max_size=MAX_FRAME_BYTES)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics_handler)
+        app.router.add_get("/v1/status", self._status_handler)
+        app.router.add_get(BUS_PATH, self._bus)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        await site.start()
+        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+        self.bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+    async def start_with_retry(self, stop: asyncio.Event, delay_s: float = 0.5) -> bool:
+        """Bind, retrying while the port is taken (a previous leader still exiting)."""
+        while not stop.is_set():
+            try:
+                await self.start()
+                return True
+            except OSError as exc:
+                logger.bind(phase="bus-bind").warning("cannot bind the bus on {}:{} ({}); retrying",
+                                                      self._host, self._port, exc.strerror)
+                if self._runner is not None:
+                    await self._runner.cleanup()
+                    self._runner = None
+                try:
+                    await asyncio.wait_for(stop.wait(), delay_s)
+                except TimeoutError:
+                    pass
+        return False
+
+    def publish(self, runtime: Any, epoch: int) -> None:
+        self.runtime, self.role, self.epoch = runtime, "leader", epoch
+
+    async def unpublish(self, role: str = "standby") -> None:
+        self.runtime, self.role, self.polling = None, role, False
+        for ws in list(self._sockets):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"leader stopping")
+
+    async def stop(self) -> None:
+        await self.unpublish("stopped")
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --- HTTP ------------------------------------------------------------------------------------
+    def _authorized(self, request: web.Request) -> bool:
+        header = request.headers.get("Authorization", "")
+        supplied = header[7:].encode() if header.startswith("Bearer ") else b""
+        if not self._secret:
+            return False
+        # Compare digests so the comparison time does not depend on the secret's length either.
+        return hmac.compare_digest(hashlib.sha256(supplied).digest(), hashlib.sha256(self._secret).digest())
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        followers = len(self.runtime.registry) if self.runtime is not None else 0
+        body = {"role": self.role, "epoch": self.epoch, "followers": followers}
+        healthy = self.role == "standby" or (self.role == "leader" and self.polling)
+        return web.json_response(body, status=200 if healthy else 503)
+
+    async def _metrics_handler(self, request: web.Request) -> web.Response:
+        return web.Response(text=self._metrics(), content_type="text/plain")
+
+    async def _status_handler(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return web.json_response(await self._status())
+
+    # --- WebSocket --------------------------------------------------------------------------------
+    async def _bus(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        runtime = self.runtime
+        if runtime is None:
+            return web.json_response({"error": "not-ready", "role": self.role}, status=503)
+        ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, heartbeat=None, autoping=True)
+        await ws.prepare(request)
+        self._sockets.add(ws)
+        conn = BusConnection(ws)
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.TEXT:
+                    await self._handle(runtime, conn, msg.data)
+                elif msg.type == WSMsgType.BINARY:
+                    await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"binary frames are not supported")
+                elif msg.type == WSMsgType.ERROR:
+                    break
+        finally:
+            self._sockets.discard(ws)
+            runtime.connection_closed(conn)
+        if ws.close_code == WSCloseCode.MESSAGE_TOO_BIG:
+            logger.bind(phase="bus-frame").warning("closed a follower socket: frame over 1 MiB")
+        return ws
+
+    async def _handle(self, runtime: Any, conn: BusConnection, text: str) -> None:
+        try:
+            kind, model, raw = decode_frame(text)
+        except ProtocolError as exc:
+            await self._reply(conn, error_ack(request_id_of(text), exc.code, exc.message))
+            return
+        if kind is Kind.ACK:
+            await runtime.receipt(conn, model.request_id)
+            return
+        request_id = model.request_id
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        previous = conn.replays.get(request_id)
+        if previous is not None:
+            answer = previous[1] if previous[0] == digest else error_ack(
+                request_id, ErrorCode.REQUEST_ID_COLLISION, "This requestId was already used with another payload.")
+            await self._reply(conn, answer)
+            return
+        try:
+            if kind is Kind.REGISTER:
+                result = await runtime.register(model, conn)
+                answer = ack(request_id, result, protocol=leader_identity(runtime.leader_build))
+            elif kind is Kind.HEARTBEAT:
+                answer = ack(request_id, await runtime.heartbeat(model))
+            elif kind is Kind.DISCONNECT:
+                answer = ack(request_id, await runtime.disconnect(model))
+            elif kind is Kind.SEND:
+                answer = ack(request_id, await runtime.send(model))
+            else:  # pragma: no cover - decode_frame only yields known kinds
+                answer = error_ack(request_id, ErrorCode.UNKNOWN_KIND, "Unknown envelope kind.")
+        except ProtocolError as exc:
+            answer = error_ack(request_id, exc.code, exc.message)
+            if kind is Kind.REGISTER:
+                answer["protocol"] = leader_identity(runtime.leader_build)
+        except Exception as exc:  # noqa: BLE001 - one bad request never takes the bus down
+            logger.bind(phase="bus-handler").exception("bus handler failed for {}", kind.value)
+            answer = error_ack(request_id, ErrorCode.INTERNAL, f"Bus handler failed ({type(exc).__name__}).")
+        conn.replays[request_id] = (digest, answer)
+        if len(conn.replays) > REPLAY_LEDGER_SIZE:
+            conn.replays.popitem(last=False)
+        await self._reply(conn, answer)
+
+    @staticmethod
+    async def _reply(conn: BusConnection, frame: dict[str, Any]) -> None:
+        try:
+            await conn.send_frame(frame)
+        except Exception:  # noqa: BLE001 - the follower went away; nothing to answer
+            pass
+
+
+def prometheus(lines: dict[str, float | int], help_text: dict[str, str]) -> str:
+    out = []
+    for name, value in lines.items():
+        base = name.split("{", 1)[0]
+        if base in help_text:
+            out.append(f"# HELP {base} {help_text[base]}")
+            out.append(f"# TYPE {base} gauge")
+        out.append(f"{name} {value}")
+    return "\n".join(out) + "\n"
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True)

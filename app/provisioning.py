@@ -1,0 +1,116 @@
+"""Topic provisioning: give a workspace identity its binding and a live topic.
+
+Same identity → same binding → same topic: an existing binding with a live topic is reused with
+zero Telegram calls; a binding whose topic was deleted gets a new topic under its old slot and name;
+a new identity gets the first free slot letter and a new topic. Provisioning is serialised by one
+gate so two registrations can never take the same letter or create two topics for one binding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.clock import Clock
+from app.display import DisplayBinding, initial_display_title
+from app.settings import DisplayMode
+from app.slots import SLOT_LETTERS, to_durable_slot
+from app.telegram_api import Outcome, TelegramGateway
+from app.workspace import WorkspaceIdentity
+from storage.bindings import Binding, BindingRepository, OwnerRecord
+from storage.db import Authority, Database
+
+
+class SlotUnavailable(Exception):
+    """Every workspace slot A–Z is taken."""
+
+    def __init__(self) -> None:
+        super().__init__("Workspace slot reservation is unavailable: all 26 slots A-Z are taken.")
+
+
+class TopicCreationFailed(Exception):
+    """Telegram did not create the topic; the message says why."""
+
+
+@dataclass(frozen=True)
+class ProvisionRequest:
+    identity: WorkspaceIdentity
+    kind: str  # 'leader' | 'follower'
+    thread_name: str
+    owner: OwnerRecord | None  # the routeable owner to record (None for the leader's own binding)
+
+
+class TopicProvisioner:
+    def __init__(self, *, db: Database, bindings: BindingRepository, gateway: TelegramGateway, clock: Clock,
+                 chat_id: int, display_mode: Callable[[], DisplayMode],
+                 reserved_slots: Callable[[], set[str]] | None = None):
+        self._db = db
+        self._bindings = bindings
+        self._gateway = gateway
+        self._clock = clock
+        self._chat_id = chat_id
+        self._display_mode = display_mode
+        self._reserved_slots = reserved_slots or (lambda: set())
+        self._gate = asyncio.Lock()
+
+    async def provision(self, request: ProvisionRequest, authority: Authority) -> tuple[Binding, bool]:
+        """Return the binding (with a live topic) and whether a topic was created."""
+        async with self._gate:
+            key = request.identity.binding_key
+            binding = await self._bindings.get(key)
+            if binding is not None and binding.has_live_topic:
+                await self._commit_owner(binding, request, authority)
+                return (await self._bindings.get(key)) or binding, False
+            if binding is None:
+                binding = await self._reserve(request, authority)
+            title = await self._initial_title(binding)
+            result = await self._gateway.create_topic(binding.chat_id, title)
+            if result.outcome is not Outcome.OK:
+                raise TopicCreationFailed(f"Telegram did not create the topic ({result.outcome}): {result.message}")
+            thread_id = int(result.value)
+            async with self._db.write(authority) as tx:
+                await BindingRepository.set_topic_tx(tx, key, thread_id=thread_id, display_title=title,
+                                                     now_ms=self._clock.now_ms())
+                if request.owner is not None:
+                    await BindingRepository.set_owner_tx(tx, request.owner)
+                await BindingRepository.mark_active_tx(tx, key)
+            fresh = await self._bindings.get(key)
+            assert fresh is not None
+            return fresh, True
+
+    async def _commit_owner(self, binding: Binding, request: ProvisionRequest, authority: Authority) -> None:
+        async with self._db.write(authority) as tx:
+            if request.owner is not None:
+                await BindingRepository.set_owner_tx(tx, request.owner)
+            await BindingRepository.mark_active_tx(tx, binding.binding_key)
+
+    async def _reserve(self, request: ProvisionRequest, authority: Authority) -> Binding:
+        """Durably reserve a slot for a new binding before any Telegram call (no topic yet)."""
+        now = self._clock.now_ms()
+        async with self._db.write(authority) as tx:
+            used = await BindingRepository.used_slots_tx(tx) | {s.upper() for s in self._reserved_slots()}
+            slot = next((to_durable_slot(letter) for letter in SLOT_LETTERS if letter.upper() not in used), None)
+            if slot is None:
+                raise SlotUnavailable()
+            identity = request.identity
+            binding = Binding(
+                binding_key=identity.binding_key, kind=request.kind, host_id=identity.host_id, cwd=identity.cwd,
+                session=identity.session, slot=slot, chat_id=self._chat_id, thread_id=None, topic_state="deleted",
+                thread_name=request.thread_name, manual_name=None, display_title=None, inactive_since_ms=None,
+                offline_notified=False, created_at_ms=now, updated_at_ms=now,
+            )
+            await BindingRepository.insert_tx(tx, binding)
+            return binding
+
+    async def _initial_title(self, binding: Binding) -> str:
+        others = [b for b in await self._bindings.all() if b.binding_key != binding.binding_key]
+        mode = self._display_mode()
+        title = initial_display_title([_display(b, live=b.has_live_topic) for b in others],
+                                      _display(binding, live=True), mode)
+        return title or binding.manual_name or binding.thread_name or binding.slot or "topicbus"
+
+
+def _display(binding: Binding, *, live: bool) -> DisplayBinding:
+    return DisplayBinding(binding_key=binding.binding_key, cwd=binding.cwd or None, slot=binding.slot,
+                          thread_name=binding.thread_name, manual_name=binding.manual_name, live=live)

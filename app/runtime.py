@@ -1,0 +1,437 @@
+"""The leader runtime: what follower requests and owner messages mean.
+
+One way in (bus requests, routed updates, topic events), one way out (ports: Telegram gateway,
+store, liveness, clock). Every mutation is taken under the leader's current authority and the
+store re-checks it inside the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app.clock import Clock
+from app.delivery import DeliveryHub, FollowerConnection
+from app.departure import CleanupUnconfirmed, DepartureHandler
+from app.liveness import Liveness, ProcessLiveness
+from app.logsetup import EventJournal
+from app.mutations import FollowerMutationQueue
+from app.outbox import OutboundSender
+from app.protocol import (ErrorCode, Fenced, Kind, ProtocolError, Registration, SendRequest,
+                          check_compatibility)
+from app.provisioning import ProvisionRequest, SlotUnavailable, TopicCreationFailed, TopicProvisioner
+from app.registry import FollowerRecord, FollowerRegistry, Target
+from app.settings import DisplayMode
+from app.workspace import WorkspaceIdentity, default_thread_name
+from storage.bindings import BindingRepository, OwnerRecord
+from storage.db import Authority, AuthorityLost, Database
+from storage.journal import JournalRepository
+from storage.outbox import OutboxRepository
+from storage.runtime_settings import CLEANUP_POLICY, DISPLAY_MODE, RuntimeSettingsRepository
+
+OFFLINE_NOTICE = "⏸ This agent is offline. Your message is kept and will be delivered when it reconnects."
+
+
+@dataclass
+class RouteResult:
+    routed: bool
+    reason: str
+    delivery_id: str | None = None
+
+
+class LeaderRuntime:
+    def __init__(self, *, db: Database, clock: Clock, chat_id: int, gateway_provisioner: TopicProvisioner,
+                 departure: DepartureHandler, outbox: OutboundSender, liveness: ProcessLiveness,
+                 events: EventJournal, default_cleanup: bool, default_display_mode: DisplayMode,
+                 leader_build: str):
+        self.db = db
+        self.clock = clock
+        self.chat_id = chat_id
+        self.bindings = BindingRepository(db)
+        self.journal = JournalRepository(db)
+        self.outbox_repo = OutboxRepository(db)
+        self.runtime_settings = RuntimeSettingsRepository(db)
+        self.provisioner = gateway_provisioner
+        self.departure = departure
+        self.outbox = outbox
+        self.liveness = liveness
+        self.events = events
+        self.registry = FollowerRegistry()
+        self.mutations = FollowerMutationQueue()
+        self.hub = DeliveryHub(self.journal, clock)
+        self.connections: dict[str, FollowerConnection] = {}  # instance_id -> socket
+        self.default_cleanup = default_cleanup
+        self.default_display_mode = default_display_mode
+        self.leader_build = leader_build
+        self.authority: Authority | None = None
+        self.control_binding_key: str | None = None
+        self.control_thread_id: int | None = None
+        self.role = "leader"
+        self.pending_observations: Callable[[], list[dict[str, Any]]] = lambda: []
+        self.display_mode: DisplayMode = default_display_mode
+        self._background: set[asyncio.Task[Any]] = set()
+        self.on_roster_changed: Callable[[], None] = lambda: None
+        self.stats = {"routed": 0, "duplicates": 0, "ignored": 0, "registrations": 0}
+
+    # --- authority --------------------------------------------------------------------------------
+    def epoch(self) -> int | None:
+        return None if self.authority is None else self.authority.epoch
+
+    def require_authority(self) -> Authority:
+        if self.authority is None:
+            raise ProtocolError(ErrorCode.NOT_LEADER, "This process is not the leader (lease lost).")
+        return self.authority
+
+    async def load_runtime_settings(self) -> None:
+        mode = await self.runtime_settings.get(DISPLAY_MODE)
+        try:
+            self.display_mode = DisplayMode(mode) if mode else self.default_display_mode
+        except ValueError:
+            self.display_mode = self.default_display_mode
+
+    async def cleanup_policy(self) -> bool | None:
+        """The persisted policy wins over the environment default; unreadable → unknown (None)."""
+        try:
+            value = await self.runtime_settings.get(CLEANUP_POLICY)
+        except Exception:  # noqa: BLE001 - an unreadable policy is "unknown", never a guess
+            return None
+        if value is None:
+            return self.default_cleanup
+        return {"on": True, "off": False}.get(value)
+
+    # --- follower requests --------------------------------------------------------------------------
+    async def register(self, req: Registration, connection: FollowerConnection) -> dict[str, Any]:
+        reason = check_compatibility(req.protocol)
+        if reason is not None:
+            raise ProtocolError(ErrorCode.INCOMPATIBLE_PROTOCOL, f"Incompatible bus protocol: {reason}.")
+        if not req.registration_generation:
+            raise ProtocolError(ErrorCode.MISSING_GENERATION,
+                                "Follower registration requires an exact generation.")
+        try:
+            identity = WorkspaceIdentity.for_follower(req.host_id or "unknown-host", req.cwd, req.session_id,
+                                                      req.name, req.instance_id)
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.INVALID_ENVELOPE, f"Invalid workspace identity: {exc}.") from None
+        key = identity.binding_key
+        return await self.mutations.run(f"profile:{key}", lambda: self._register(req, identity, connection))
+
+    async def _register(self, req: Registration, identity: WorkspaceIdentity,
+                        connection: FollowerConnection) -> dict[str, Any]:
+        authority = self.require_authority()
+        self.forget_pending_observation(req.instance_id)
+        key = identity.binding_key
+        owner = OwnerRecord(binding_key=key, instance_id=req.instance_id,
+                            registration_generation=req.registration_generation or "", pid=req.pid,
+                            process_birth_id=req.process_birth_id, host_id=req.host_id,
+                            updated_at_ms=self.clock.now_ms())
+        existing = await self.bindings.get(key)
+        name = req.thread_name or (existing.thread_name if existing else None)
+        request = ProvisionRequest(identity=identity, kind="follower", owner=owner,
+                                   thread_name=name or default_thread_name(identity, None))
+        try:
+            binding, created = await self.provisioner.provision(request, authority)
+        except SlotUnavailable as exc:
+            raise ProtocolError(ErrorCode.SLOT_UNAVAILABLE, str(exc)) from None
+        except TopicCreationFailed as exc:
+            raise ProtocolError(ErrorCode.TELEGRAM_ERROR, str(exc)) from None
+        except AuthorityLost:
+            raise ProtocolError(ErrorCode.NOT_LEADER, "Follower registration lost leader ownership.") from None
+        if self.authority != authority:
+            raise ProtocolError(ErrorCode.NOT_LEADER, "Follower registration lost leader ownership.")
+        if created:
+            await self.outbox_repo.retarget(key, binding.thread_id or 0)
+        now = self.clock.now_ms()
+        record = FollowerRecord(
+            instance_id=req.instance_id, registration_generation=req.registration_generation or "", pid=req.pid,
+            process_birth_id=req.process_birth_id, host_id=req.host_id, profile_key=key,
+            target=Target(binding.chat_id, binding.thread_id), slot=binding.slot, cwd=identity.cwd or None,
+            session=identity.session or None, name=req.name, thread_name=binding.thread_name, binding_key=key,
+            capabilities=frozenset(req.protocol.capabilities if req.protocol else ()),
+            connected_at_ms=now, last_heartbeat_ms=now,
+        )
+        superseded = [f for f in self.registry.list()
+                      if f.instance_id != req.instance_id and f.binding_key == key]
+        self.registry.register(record)
+        for old in superseded:
+            await self._supersede(old)
+        previous = self.connections.get(req.instance_id)
+        if previous is not None and previous is not connection:
+            self.hub.detach_connection(previous)
+        self.connections[req.instance_id] = connection
+        self.hub.attach(key, req.instance_id, record.registration_generation, connection)
+        self.stats["registrations"] += 1
+        self.events.record("Follower registered", phase="follower-registered", instanceId=req.instance_id,
+                           slot=binding.slot, threadId=binding.thread_id, created=created)
+        self._spawn(self.hub.kick(key))
+        self.on_roster_changed()
+        return {"chatId": binding.chat_id, "threadId": binding.thread_id, "slot": binding.slot,
+                "displayTitle": binding.title, "bindingKey": key}
+
+    async def _supersede(self, old: FollowerRecord) -> None:
+        conn = self.connections.pop(old.instance_id, None)
+        if conn is None:
+            return
+        self.hub.detach_connection(conn)
+        try:
+            await conn.send_frame({"kind": Kind.SUPERSEDED.value, "requestId": f"superseded:{old.instance_id}",
+                                   "instanceId": old.instance_id,
+                                   "reason": "A newer registration with the same workspace identity took over."})
+        except Exception:  # noqa: BLE001 - the old socket may already be gone
+            pass
+        self._spawn(conn.close(4001, "superseded"))
+
+    def _fenced(self, req: Fenced) -> FollowerRecord:
+        entry = self.registry.get(req.instance_id)
+        if entry is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_INSTANCE, "Unknown bus follower instance.")
+        if not req.registration_generation or req.registration_generation != entry.registration_generation:
+            raise ProtocolError(ErrorCode.STALE_GENERATION, "Stale bus follower registration generation.")
+        return entry
+
+    async def heartbeat(self, req: Fenced) -> dict[str, Any]:
+        entry = self._fenced(req)
+        self.registry.heartbeat(entry.instance_id, self.clock.now_ms())
+        binding = await self.bindings.get(entry.binding_key or "")
+        return {"displayTitle": binding.title if binding else None}
+
+    async def disconnect(self, req: Fenced) -> dict[str, Any]:
+        entry = self._fenced(req)
+
+        async def op() -> dict[str, Any]:
+            current = self._fenced(req)
+            authority = self.require_authority()
+            policy = await self.cleanup_policy()
+            try:
+                if policy is True:
+                    await self.departure.cleanup(current, authority, reason="disconnect")
+                else:
+                    await self.departure.preserve(current, lambda: self.authority == authority, authority)
+            except CleanupUnconfirmed as exc:
+                self.events.record(exc, phase="follower-disconnect", level="WARNING", instanceId=current.instance_id)
+                raise ProtocolError(ErrorCode.TELEGRAM_ERROR, str(exc)) from None
+            finally:
+                self._drop(current)
+            return {}
+
+        return await self.mutations.run(f"profile:{entry.binding_key}", op)
+
+    def _drop(self, entry: FollowerRecord) -> None:
+        self.registry.remove(entry.instance_id)
+        conn = self.connections.pop(entry.instance_id, None)
+        if conn is not None:
+            self.hub.detach_connection(conn)
+        self.on_roster_changed()
+
+    async def send(self, req: SendRequest) -> dict[str, Any]:
+        entry = self._fenced(req)
+        target = entry.target
+        assert target is not None
+        if (req.chat_id is not None and req.chat_id != target.chat_id) or (
+                req.thread_id is not None and req.thread_id != target.thread_id):
+            raise ProtocolError(ErrorCode.FOREIGN_TARGET, "A follower may only post into its own topic.")
+        self.registry.heartbeat(entry.instance_id, self.clock.now_ms())
+        message = req.message.model_dump(by_alias=True)
+        kind = message.pop("type")
+        try:
+            outbox_id, _ = await self.outbox_repo.enqueue(
+                binding_key=entry.binding_key or "", chat_id=target.chat_id, thread_id=target.thread_id,
+                instance_id=entry.instance_id, request_id=req.request_id, kind=kind, payload=message,
+                now_ms=self.clock.now_ms(), authority=self.require_authority())
+        except AuthorityLost:
+            raise ProtocolError(ErrorCode.NOT_LEADER, "Leader lost its lease while storing the message.") from None
+        self.outbox.wake()
+        return {"outboxId": outbox_id}
+
+    async def receipt(self, connection: FollowerConnection, delivery_id: str) -> None:
+        for instance_id, conn in self.connections.items():
+            if conn is connection:
+                entry = self.registry.get(instance_id)
+                if entry is not None and entry.binding_key:
+                    await self.hub.receipt(entry.binding_key, delivery_id)
+                return
+
+    def connection_closed(self, connection: FollowerConnection) -> None:
+        self.hub.detach_connection(connection)
+        for instance_id in [i for i, c in self.connections.items() if c is connection]:
+            del self.connections[instance_id]
+
+    # --- inbound routing ---------------------------------------------------------------------------
+    async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
+                                  payload: dict[str, Any]) -> RouteResult:
+        binding = await self.bindings.by_target(chat_id, thread_id)
+        if binding is None or binding.kind != "follower":
+            self.stats["ignored"] += 1
+            return RouteResult(False, "unknown-topic")
+        authority = self.require_authority()
+        item = await self.journal.append(update_id, binding.binding_key, payload, self.clock.now_ms(), authority)
+        if item is None:
+            self.stats["duplicates"] += 1
+            return RouteResult(False, "duplicate")
+        self.stats["routed"] += 1
+        if self.hub.is_online(binding.binding_key):
+            await self.hub.kick(binding.binding_key)
+        else:
+            await self._notify_offline(binding.binding_key, authority)
+        return RouteResult(True, "journaled", item.delivery_id)
+
+    async def _notify_offline(self, binding_key: str, authority: Authority) -> None:
+        async with self.db.write(authority) as tx:
+            first = await BindingRepository.set_offline_notified_tx(tx, binding_key)
+        if not first:
+            return
+        binding = await self.bindings.get(binding_key)
+        if binding is None or binding.thread_id is None:
+            return
+        await self.outbox_repo.enqueue(binding_key=binding_key, chat_id=binding.chat_id, thread_id=binding.thread_id,
+                                       instance_id="leader", request_id=f"offline:{binding_key}:{self.clock.now_ms()}",
+                                       kind="notice", payload={"text": OFFLINE_NOTICE}, now_ms=self.clock.now_ms(),
+                                       authority=authority)
+        self.outbox.wake()
+
+    async def topic_gone(self, chat_id: int, thread_id: int) -> None:
+        """Telegram says the topic does not exist: mark it deleted; the owner re-provisions on register."""
+        authority = self.require_authority()
+        async with self.db.write(authority) as tx:
+            key = await BindingRepository.mark_topic_deleted_tx(tx, chat_id, thread_id, self.clock.now_ms())
+        if key is not None:
+            self.events.record("Topic is gone; binding kept for re-provisioning", phase="topic-deleted",
+                               chatId=chat_id, threadId=thread_id)
+            for entry in self.registry.list():
+                if entry.binding_key == key:
+                    # The follower re-registers (unknown instance on its next heartbeat) and gets a new topic.
+                    self._drop(entry)
+
+    async def topic_state_changed(self, chat_id: int, thread_id: int, state: str) -> None:
+        binding = await self.bindings.by_target(chat_id, thread_id)
+        if binding is None:
+            return
+        async with self.db.write(self.require_authority()) as tx:
+            await BindingRepository.set_topic_state_tx(tx, binding.binding_key, state)
+
+    async def topic_renamed(self, chat_id: int, thread_id: int, name: str) -> None:
+        """Someone renamed the topic in Telegram: that is the operator's manual name now."""
+        binding = await self.bindings.by_target(chat_id, thread_id)
+        if binding is None:
+            return
+        async with self.db.write(self.require_authority()) as tx:
+            await tx.execute("UPDATE workspace_bindings SET manual_name = ?, display_title = ? WHERE binding_key = ?",
+                             (name[:128], name[:128], binding.binding_key))
+
+    async def set_cleanup_policy(self, enabled: bool) -> None:
+        await self.runtime_settings.set(CLEANUP_POLICY, "on" if enabled else "off", self.clock.now_ms(),
+                                        self.require_authority())
+        self.events.record("Cleanup policy changed", phase="settings", cleanup=enabled)
+
+    # --- the leader's own control topic -------------------------------------------------------------
+    async def provision_control_topic(self, host_id: str) -> None:
+        identity = WorkspaceIdentity(host_id="leader", cwd="", session="control")
+        request = ProvisionRequest(identity=identity, kind="leader", owner=None, thread_name="topicbus control")
+        binding, created = await self.provisioner.provision(request, self.require_authority())
+        self.control_binding_key = binding.binding_key
+        self.control_thread_id = binding.thread_id
+        self.events.record("Control topic ready", phase="leader-provision", slot=binding.slot,
+                           threadId=binding.thread_id, created=created)
+
+    # --- status ------------------------------------------------------------------------------------
+    async def status_snapshot(self) -> dict[str, Any]:
+        now = self.clock.now_ms()
+        followers = self.registry.list()
+        by_binding = {f.binding_key: f for f in followers}
+        queued = await self.journal.count_pending()
+        owners = {o.binding_key: o for o in await self.bindings.owners()}
+        policy = await self.cleanup_policy()
+        bindings = []
+        for b in await self.bindings.all():
+            live = by_binding.get(b.binding_key)
+            if b.kind == "leader":
+                state = "control"
+            elif live is not None:
+                state = "live"
+            elif b.topic_state == "deleted":
+                state = "deleted"
+            elif b.binding_key in owners:
+                state = "offline"
+            else:
+                state = "preserved" if b.inactive_since_ms is not None else "detached"
+            bindings.append({
+                "bindingKey": b.binding_key, "slot": b.slot, "title": b.title, "threadId": b.thread_id,
+                "kind": b.kind, "cwd": b.cwd, "session": b.session, "state": state, "topicState": b.topic_state,
+                "inactiveSinceMs": b.inactive_since_ms, "queued": queued.get(b.binding_key, 0),
+                "heartbeatAgeMs": (now - live.last_heartbeat_ms) if live else None,
+                "instanceId": live.instance_id if live else None,
+            })
+        return {
+            "role": self.role, "epoch": self.epoch(), "chatId": self.chat_id,
+            "cleanupPolicy": {True: "on", False: "off", None: "unknown"}[policy],
+            "displayMode": str(self.display_mode),
+            "controlThreadId": self.control_thread_id,
+            "followers": [{
+                "instanceId": f.instance_id, "slot": f.slot, "threadId": f.target.thread_id if f.target else None,
+                "pid": f.pid, "heartbeatAgeMs": now - f.last_heartbeat_ms, "lastHeartbeatMs": f.last_heartbeat_ms,
+                "workspace": (f.cwd or "") + (f"#{f.session}" if f.session else ""), "bindingKey": f.binding_key,
+                "online": self.hub.is_online(f.binding_key or ""),
+            } for f in followers],
+            "bindings": bindings,
+            "pendingCleanups": [{"id": c.id, "threadId": c.thread_id, "reason": c.reason, "lastError": c.last_error}
+                                for c in await self.departure_cleanups()],
+            "pendingObservations": self.pending_observations(),
+            "outboxPending": await self.outbox_repo.count_pending(),
+            "rotation": {"fence": None, "intents": []},
+            "stats": dict(self.stats, delivered=self.hub.delivered, sent=self.outbox.sent),
+        }
+
+    async def departure_cleanups(self) -> list[Any]:
+        from storage.cleanups import CleanupRepository
+        return await CleanupRepository(self.db).all()
+
+    # --- pruning ports ------------------------------------------------------------------------------
+    def forget_pending_observation(self, instance_id: str) -> None:
+        """Overridden by the session once the pruner exists."""
+
+    def probe(self, record: FollowerRecord) -> Liveness:
+        return self.liveness.probe(record.pid, record.process_birth_id, record.host_id)
+
+    async def on_confirmed_dead(self, record: FollowerRecord) -> None:
+        authority = self.require_authority()
+        try:
+            await self.departure.cleanup(record, authority, reason="confirmed-dead")
+        finally:
+            self._forget_connection(record)
+
+    async def on_confirmed_dead_preserved(self, record: FollowerRecord, is_detached: Callable[[], bool],
+                                          operation_id: str) -> bool:
+        authority = self.authority
+        if authority is None:
+            return False
+        settled = await self.departure.preserve(record, lambda: is_detached() and self.authority == authority,
+                                                authority)
+        if settled:
+            self._forget_connection(record)
+        return settled
+
+    def _forget_connection(self, record: FollowerRecord) -> None:
+        if self.registry.get(record.instance_id) is None:
+            conn = self.connections.pop(record.instance_id, None)
+            if conn is not None:
+                self.hub.detach_connection(conn)
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        for conn in list(self.connections.values()):
+            try:
+                await conn.close(1001, "leader stopping")
+            except Exception:  # noqa: BLE001
+                pass
+        self.connections.clear()
+        self.registry.clear()

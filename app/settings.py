@@ -1,0 +1,152 @@
+"""Configuration: environment variables with the ``TOPICBUS_`` prefix (and ``.env`` when present).
+
+One place defines every knob; ``load_settings`` turns validation errors into one readable line per
+problem, naming the variable and never echoing its value.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "TOPICBUS_"
+
+
+class DisplayMode(StrEnum):
+    LETTERS = "letters"
+    NAMES = "names"
+    DIRECTORY_SNAKE = "directory-snake"
+    DIRECTORY_TITLE = "directory-title"
+
+
+class Settings(BaseSettings):
+    """Everything the leader and the follower side read from the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    # --- leader: Telegram -------------------------------------------------------------------
+    bot_token: SecretStr | None = None
+    chat_id: int | None = None
+    owner_ids: Annotated[frozenset[int], NoDecode] = frozenset()
+    api_base_url: str = "https://api.telegram.org/bot"
+    poll_timeout_s: float = Field(default=10.0, ge=0, le=50)
+    rate_limit_per_second: float = Field(default=30.0, gt=0)
+    rate_limit_per_chat_per_minute: float = Field(default=20.0, gt=0)
+
+    # --- leader: storage and bus --------------------------------------------------------------
+    db_path: Path = Path("./data/topicbus.sqlite3")
+    bus_host: str = "127.0.0.1"
+    bus_port: int = Field(default=8765, ge=0, le=65535)
+    bus_secret: SecretStr | None = None
+
+    # --- leader: lifecycle ---------------------------------------------------------------------
+    follower_stale_after_ms: int = Field(default=15_000, gt=0)
+    prune_interval_ms: int = Field(default=1_000, gt=0)
+    lease_refresh_ms: int = Field(default=2_000, gt=0)
+    lease_stale_after_ms: int = Field(default=8_000, gt=0)
+    thread_cleanup: bool = True
+    display_mode: DisplayMode = DisplayMode.LETTERS
+
+    # --- follower side ----------------------------------------------------------------------
+    leader_url: str = "ws://127.0.0.1:8765/v1/bus"
+    heartbeat_interval_ms: int = Field(default=1_000, gt=0)
+
+    # --- logging ----------------------------------------------------------------------------
+    log_level: str = "INFO"
+    log_json: bool = False
+
+    @field_validator("owner_ids", mode="before")
+    @classmethod
+    def _split_owner_ids(cls, value: object) -> object:
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.split(",") if p.strip()]
+            try:
+                return frozenset(int(p) for p in parts)
+            except ValueError as exc:
+                raise ValueError("must be comma-separated integer Telegram user ids") from exc
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        if isinstance(value, str):
+            level = value.strip().upper()
+            if level not in {"TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"}:
+                raise ValueError("must be one of TRACE, DEBUG, INFO, SUCCESS, WARNING, ERROR, CRITICAL")
+            return level
+        return value
+
+    @field_validator("api_base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value
+
+    @field_validator("leader_url")
+    @classmethod
+    def _ws_url(cls, value: str) -> str:
+        if not value.startswith(("ws://", "wss://")):
+            raise ValueError("must start with ws:// or wss://")
+        return value
+
+    # --- derived ------------------------------------------------------------------------------
+    def secrets(self) -> list[str]:
+        """The secret values that must never reach a log line."""
+        return [s.get_secret_value() for s in (self.bot_token, self.bus_secret) if s is not None]
+
+    def leader_problems(self) -> list[str]:
+        """Problems that stop ``topicbus leader`` from starting (variables the leader requires)."""
+        problems = []
+        if self.bot_token is None or not self.bot_token.get_secret_value().strip():
+            problems.append(f"{ENV_PREFIX}BOT_TOKEN: required (the bot token from BotFather)")
+        if self.chat_id is None:
+            problems.append(f"{ENV_PREFIX}CHAT_ID: required (forum supergroup id, or the owner's user id)")
+        if not self.owner_ids:
+            problems.append(f"{ENV_PREFIX}OWNER_IDS: required (comma-separated Telegram user ids)")
+        if self.bus_secret is None or not self.bus_secret.get_secret_value():
+            problems.append(f"{ENV_PREFIX}BUS_SECRET: required (the shared secret followers present)")
+        return problems
+
+    @property
+    def status_url(self) -> str:
+        host = "127.0.0.1" if self.bus_host in ("0.0.0.0", "::", "") else self.bus_host
+        return f"http://{host}:{self.bus_port}/v1/status"
+
+
+class ConfigurationError(Exception):
+    """Invalid configuration; ``problems`` holds one readable line per variable."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def describe_validation_error(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors(include_url=False, include_input=False):
+        loc = "__".join(str(p) for p in err["loc"]) or "?"
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        lines.append(f"{ENV_PREFIX}{loc.upper()}: {msg}")
+    return lines
+
+
+def load_settings(env_file: str | os.PathLike[str] | None = ".env", **overrides: object) -> Settings:
+    """Read settings, raising :class:`ConfigurationError` with readable lines on bad input."""
+    try:
+        return Settings(_env_file=env_file, **overrides)  # type: ignore[call-arg]
+    except ValidationError as exc:
+        raise ConfigurationError(describe_validation_error(exc)) from None

@@ -1,0 +1,36 @@
+"""The leader's view for operators: ``topicbus status``, ``/v1/status`` and the /status board."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def render_board(snapshot: dict[str, Any]) -> str:
+    """A compact, readable board: one line per slot."""
+    lines = [f"topicbus · {snapshot['role']} · epoch {snapshot['epoch']} · cleanup "
+             f"{snapshot['cleanupPolicy']} · mode {snapshot['displayMode']}"]
+    for b in snapshot["bindings"]:
+        age = b.get("heartbeatAgeMs")
+        age_text = f"{age / 1000:.1f}s" if isinstance(age, int | float) else "—"
+        lines.append(f"{b.get('slot') or '·'}  {b['title'][:40]:<40}  {b['state']:<9} hb {age_text:>6}  "
+                     f"queued {b['queued']}")
+    if not snapshot["bindings"]:
+        lines.append("(no bindings yet)")
+    pending = snapshot.get("pendingCleanups") or []
+    if pending:
+        lines.append(f"pending cleanups: {len(pending)}")
+    observations = snapshot.get("pendingObservations") or []
+    if observations:
+        lines.append(f"awaiting death proof: {len(observations)}")
+    return "\n".join(lines)
+
+
+def render_text(snapshot: dict[str, Any]) -> str:
+    """``topicbus status`` without ``--json``."""
+    out = [render_board(snapshot), "", "followers:"]
+    for f in snapshot["followers"]:
+        out.append(f"  {f['slot'] or '·'}  {f['instanceId']}  pid {f['pid']}  thread {f['threadId']}  "
+                   f"hb {f['heartbeatAgeMs'] / 1000:.1f}s ago  {f['workspace']}")
+    if not snapshot["followers"]:
+        out.append("  (none)")
+    return "\n".join(out)

@@ -1,0 +1,102 @@
+"""Telegram adapter: the few Bot API calls topicbus makes, with errors classified once.
+
+Classification (python-ecosystem-notes §1.4): ``BadRequest`` is a ``NetworkError`` subclass, so
+it is checked first; PTB normalises messages ("Topic_not_modified"), so we match lowercase.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from enum import StrEnum
+
+from telegram import Bot
+from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
+
+
+TOPIC_GONE_MARKERS = ("message thread not found", "thread not found", "topic_id_invalid", "topic not found",
+                      "topic_deleted", "topic deleted")
+FORUM_ICON_COLORS = (0x6FB9F0, 0xFFD67E, 0xCB86DB, 0x8EEE98, 0xFF93B2, 0xFB6F5F)
+
+
+class Outcome(StrEnum):
+    OK = "ok"
+    NOT_MODIFIED = "not-modified"  # the topic already is in the requested state
+    GONE = "gone"  # the topic does not exist (deleted, unknown)
+    RETRY_AFTER = "retry-after"  # flood control; try again after ``retry_after_s``
+    REJECTED = "rejected"  # Telegram answered a definite "no" (rights, bad request…)
+    AMBIGUOUS = "ambiguous"  # timeout / network / 5xx: the call may or may not have happened
+
+
+@dataclass(frozen=True)
+class CallResult:
+    outcome: Outcome
+    message: str = ""
+    retry_after_s: float = 0.0
+    value: object = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in (Outcome.OK, Outcome.NOT_MODIFIED)
+
+
+def classify(exc: BaseException) -> CallResult:
+    if isinstance(exc, RetryAfter):
+        delay = exc.retry_after
+        seconds = delay.total_seconds() if hasattr(delay, "total_seconds") else float(delay)
+        return CallResult(Outcome.RETRY_AFTER, str(exc), retry_after_s=max(seconds, 0.0))
+    if isinstance(exc, BadRequest):
+        text = exc.message.lower()
+        if "topic_not_modified" in text or "not modified" in text:
+            return CallResult(Outcome.NOT_MODIFIED, exc.message)
+        if any(marker in text for marker in TOPIC_GONE_MARKERS):
+            return CallResult(Outcome.GONE, exc.message)
+        return CallResult(Outcome.REJECTED, exc.message)
+    if isinstance(exc, Forbidden):
+        return CallResult(Outcome.REJECTED, exc.message)
+    if isinstance(exc, TimedOut | NetworkError):
+        return CallResult(Outcome.AMBIGUOUS, getattr(exc, "message", str(exc)))
+    if isinstance(exc, TelegramError):
+        return CallResult(Outcome.REJECTED, exc.message)
+    return CallResult(Outcome.AMBIGUOUS, f"{type(exc).__name__}")
+
+
+class TelegramGateway:
+    """Outbound Bot API calls; every method returns a :class:`CallResult`, never raises Telegram errors."""
+
+    def __init__(self, bot: Bot):
+        self.bot = bot
+
+    async def _call(self, coro) -> CallResult:
+        try:
+            value = await coro
+        except Exception as exc:  # noqa: BLE001 - classified, never swallowed silently
+            return classify(exc)
+        return CallResult(Outcome.OK, value=value)
+
+    async def create_topic(self, chat_id: int, name: str, icon_color: int | None = None) -> CallResult:
+        result = await self._call(self.bot.create_forum_topic(chat_id=chat_id, name=name[:128], icon_color=icon_color))
+        if result.outcome is Outcome.OK:
+            return CallResult(Outcome.OK, value=result.value.message_thread_id)
+        return result
+
+    async def edit_topic(self, chat_id: int, thread_id: int, name: str) -> CallResult:
+        return await self._call(self.bot.edit_forum_topic(chat_id=chat_id, message_thread_id=thread_id, name=name[:128]))
+
+    async def close_topic(self, chat_id: int, thread_id: int) -> CallResult:
+        return await self._call(self.bot.close_forum_topic(chat_id=chat_id, message_thread_id=thread_id))
+
+    async def delete_topic(self, chat_id: int, thread_id: int) -> CallResult:
+        return await self._call(self.bot.delete_forum_topic(chat_id=chat_id, message_thread_id=thread_id))
+
+    async def send_text(self, chat_id: int, thread_id: int | None, text: str) -> CallResult:
+        return await self._call(self.bot.send_message(chat_id=chat_id, message_thread_id=thread_id, text=text))
+
+    async def send_chat_action(self, chat_id: int, thread_id: int | None, action: str) -> CallResult:
+        return await self._call(self.bot.send_chat_action(chat_id=chat_id, message_thread_id=thread_id, action=action))
+
+    async def send_document(self, chat_id: int, thread_id: int | None, file_name: str, data: bytes,
+                            caption: str | None) -> CallResult:
+        return await self._call(self.bot.send_document(
+            chat_id=chat_id, message_thread_id=thread_id, document=io.BytesIO(data), filename=file_name,
+            caption=caption))

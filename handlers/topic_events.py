@@ -1,0 +1,26 @@
+"""Topic service messages (closed, reopened, edited) keep the store in step with Telegram."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from telegram import Update
+from telegram.ext import Application, ContextTypes, MessageHandler, filters
+
+
+def register(app: Application, runtime: Any, *, chat_id: int) -> None:
+    async def topic_event(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        message = update.message
+        if message is None or message.message_thread_id is None:
+            return
+        if message.forum_topic_closed is not None:
+            await runtime.topic_state_changed(message.chat_id, message.message_thread_id, "closed")
+        elif message.forum_topic_reopened is not None:
+            await runtime.topic_state_changed(message.chat_id, message.message_thread_id, "open")
+        elif message.forum_topic_edited is not None and message.forum_topic_edited.name:
+            await runtime.topic_renamed(message.chat_id, message.message_thread_id, message.forum_topic_edited.name)
+
+    app.add_handler(MessageHandler(
+        filters.Chat(chat_id=chat_id) & (filters.StatusUpdate.FORUM_TOPIC_CLOSED
+                                         | filters.StatusUpdate.FORUM_TOPIC_REOPENED
+                                         | filters.StatusUpdate.FORUM_TOPIC_EDITED), topic_event), group=0)

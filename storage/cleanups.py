@@ -1,0 +1,51 @@
+"""Pending cleanup intents: durable destructive intent, written before any Telegram close/delete."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storage.db import Database, Transaction
+
+
+@dataclass(frozen=True)
+class CleanupIntent:
+    id: str
+    binding_key: str
+    instance_id: str
+    registration_generation: str
+    chat_id: int
+    thread_id: int
+    reason: str
+    requested_at_ms: int
+    last_error: str | None = None
+
+    @staticmethod
+    def make_id(instance_id: str, generation: str, chat_id: int, thread_id: int) -> str:
+        return f"cleanup:{instance_id}:{generation}:{chat_id}:{thread_id}"
+
+
+class CleanupRepository:
+    def __init__(self, db: Database):
+        self._db = db
+
+    async def all(self) -> list[CleanupIntent]:
+        rows = await self._db.fetch_all("SELECT * FROM pending_cleanups ORDER BY requested_at_ms, id")
+        return [CleanupIntent(**dict(r)) for r in rows]
+
+    @staticmethod
+    async def upsert_tx(tx: Transaction, intent: CleanupIntent) -> None:
+        await tx.execute(
+            """INSERT INTO pending_cleanups (id, binding_key, instance_id, registration_generation, chat_id, thread_id,
+                   reason, requested_at_ms, last_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT (id) DO NOTHING""",
+            (intent.id, intent.binding_key, intent.instance_id, intent.registration_generation, intent.chat_id,
+             intent.thread_id, intent.reason, intent.requested_at_ms, intent.last_error),
+        )
+
+    @staticmethod
+    async def remove_tx(tx: Transaction, intent_id: str) -> None:
+        await tx.execute("DELETE FROM pending_cleanups WHERE id = ?", (intent_id,))
+
+    @staticmethod
+    async def note_error_tx(tx: Transaction, intent_id: str, error: str) -> None:
+        await tx.execute("UPDATE pending_cleanups SET last_error = ? WHERE id = ?", (error[:500], intent_id))

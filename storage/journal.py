@@ -1,0 +1,78 @@
+"""Inbound journal: owner messages kept durably until the follower's receipt."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from storage.db import Authority, Database
+
+DELIVERY_PREFIX = "d-"
+
+
+@dataclass(frozen=True)
+class JournalItem:
+    seq: int
+    update_id: int
+    binding_key: str
+    payload: dict[str, Any]
+    attempts: int
+
+    @property
+    def delivery_id(self) -> str:
+        return f"{DELIVERY_PREFIX}{self.seq}"
+
+
+def parse_delivery_id(delivery_id: str) -> int | None:
+    if not delivery_id.startswith(DELIVERY_PREFIX):
+        return None
+    tail = delivery_id[len(DELIVERY_PREFIX):]
+    return int(tail) if tail.isdigit() and len(tail) < 19 else None
+
+
+class JournalRepository:
+    def __init__(self, db: Database):
+        self._db = db
+
+    async def append(self, update_id: int, binding_key: str, payload: dict[str, Any], now_ms: int,
+                     authority: Authority | None) -> JournalItem | None:
+        """Journal one routed update; ``None`` when that update was already journaled."""
+        async with self._db.write(authority) as tx:
+            inserted = await tx.execute(
+                """INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms)
+                   VALUES (?, ?, ?, ?) ON CONFLICT (update_id) DO NOTHING""",
+                (update_id, binding_key, json.dumps(payload, separators=(",", ":")), now_ms),
+            )
+            if inserted == 0:
+                return None
+            row = await tx.fetch_one("SELECT seq FROM inbound_journal WHERE update_id = ?", (update_id,))
+            seq = int(row["seq"])
+        return JournalItem(seq, update_id, binding_key, payload, 0)
+
+    async def pending(self, binding_key: str, limit: int = 500) -> list[JournalItem]:
+        rows = await self._db.fetch_all(
+            "SELECT * FROM inbound_journal WHERE binding_key = ? AND status = 'pending' ORDER BY seq LIMIT ?",
+            (binding_key, limit),
+        )
+        return [JournalItem(r["seq"], r["update_id"], r["binding_key"], json.loads(r["payload"]), r["attempts"])
+                for r in rows]
+
+    async def mark_delivered(self, seq: int, binding_key: str, now_ms: int) -> bool:
+        async with self._db.write() as tx:
+            changed = await tx.execute(
+                """UPDATE inbound_journal SET status = 'delivered', delivered_at_ms = ?
+                   WHERE seq = ? AND binding_key = ? AND status = 'pending'""",
+                (now_ms, seq, binding_key),
+            )
+            return changed > 0
+
+    async def count_pending(self) -> dict[str, int]:
+        rows = await self._db.fetch_all(
+            "SELECT binding_key, COUNT(*) AS n FROM inbound_journal WHERE status = 'pending' GROUP BY binding_key")
+        return {r["binding_key"]: r["n"] for r in rows}
+
+    async def purge_delivered(self, older_than_ms: int) -> int:
+        async with self._db.write() as tx:
+            return await tx.execute(
+                "DELETE FROM inbound_journal WHERE status = 'delivered' AND delivered_at_ms < ?", (older_than_ms,))

@@ -1,0 +1,206 @@
+"""End-to-end harness: real ``topicbus leader`` / ``topicbus follow`` subprocesses against the fake Bot API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import textwrap
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.fakebotapi import FakeBotApi
+
+TOKEN = "123456789:TEST-e2e-token-not-a-real-one-000000"
+SECRET = "e2e-bus-secret-0123456789"
+OWNER_ID = 424242
+CHAT_ID = -1001234567890
+
+# An agent that answers every line and exits on "bye" with code 3; "crash" makes it SIGKILL itself.
+ECHO_AGENT = textwrap.dedent("""
+    import os, signal, sys
+    print("agent ready", flush=True)
+    for line in sys.stdin:
+        line = line.rstrip("\\n")
+        if line == "bye":
+            print("bye!", flush=True)
+            sys.exit(3)
+        print("echo: " + line, flush=True)
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    name: str
+    process: asyncio.subprocess.Process
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process.returncode is None:
+            os.kill(self.process.pid, sig)
+
+    async def wait(self, timeout: float = 20.0) -> int:
+        return await asyncio.wait_for(self.process.wait(), timeout)
+
+
+@dataclass
+class Cluster:
+    """One fake Telegram, one database, leaders and followers as real processes."""
+
+    fake: FakeBotApi
+    tmp: Path
+    port: int = field(default_factory=free_port)
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def db_path(self) -> Path:
+        return self.tmp / "topicbus.sqlite3"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICBUS_")}
+        env.update({
+            "PTB_TIMEDELTA": "true",
+            "TOPICBUS_BOT_TOKEN": TOKEN,
+            "TOPICBUS_CHAT_ID": str(CHAT_ID),
+            "TOPICBUS_OWNER_IDS": str(OWNER_ID),
+            "TOPICBUS_API_BASE_URL": self.fake.base_url,
+            "TOPICBUS_DB_PATH": str(self.db_path),
+            "TOPICBUS_BUS_HOST": "127.0.0.1",
+            "TOPICBUS_BUS_PORT": str(self.port),
+            "TOPICBUS_BUS_SECRET": SECRET,
+            "TOPICBUS_LEADER_URL": f"ws://127.0.0.1:{self.port}/v1/bus",
+            "TOPICBUS_POLL_TIMEOUT_S": "1",
+            "TOPICBUS_FOLLOWER_STALE_AFTER_MS": "1500",
+            "TOPICBUS_PRUNE_INTERVAL_MS": "200",
+            "TOPICBUS_HEARTBEAT_INTERVAL_MS": "200",
+            "TOPICBUS_LEASE_REFRESH_MS": "300",
+            "TOPICBUS_LEASE_STALE_AFTER_MS": "1500",
+            "TOPICBUS_RATE_LIMIT_PER_SECOND": "1000",
+            "TOPICBUS_RATE_LIMIT_PER_CHAT_PER_MINUTE": "100000",
+            "TOPICBUS_LOG_LEVEL": "DEBUG",
+        })
+        env.update(self.env_overrides)
+        env.update(extra)
+        return env
+
+    async def spawn(self, name: str, args: list[str], **env: str) -> Proc:
+        log_path = self.tmp / f"{name}-{len(self.procs)}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - the child owns it
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app", *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+            env=self.env(**env), cwd=str(self.tmp), start_new_session=True)
+        log.close()
+        proc = Proc(name, process, log_path)
+        self.procs.append(proc)
+        return proc
+
+    async def start_leader(self, **env: str) -> Proc:
+        return await self.spawn("leader", ["leader"], **env)
+
+    async def start_follower(self, workdir: Path, *, name: str | None = None, script: str = ECHO_AGENT,
+                             **env: str) -> Proc:
+        workdir.mkdir(parents=True, exist_ok=True)
+        args = ["follow", "--cwd", str(workdir)]
+        if name:
+            args += ["--name", name]
+        return await self.spawn(f"follow-{workdir.name}", [*args, "--", sys.executable, "-u", "-c", script], **env)
+
+    def http(self, path: str, *, secret: str | None = SECRET) -> tuple[int, Any]:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
+        if secret:
+            req.add_header("Authorization", f"Bearer {secret}")
+        try:
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            try:
+                return exc.code, json.loads(body or b"null")
+            except ValueError:
+                return exc.code, body.decode(errors="replace")
+        except (urllib.error.URLError, OSError):
+            return 0, None
+
+    async def status(self) -> dict[str, Any] | None:
+        code, body = await asyncio.to_thread(self.http, "/v1/status")
+        return body if code == 200 else None
+
+    async def wait_for(self, predicate, timeout: float = 20.0, message: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {message}\n{self.diagnostics()}")
+            await asyncio.sleep(0.05)
+
+    async def wait_polling(self, timeout: float = 20.0) -> dict[str, Any]:
+        async def ready():
+            code, body = await asyncio.to_thread(self.http, "/healthz", secret=None)
+            return body if code == 200 and isinstance(body, dict) and body.get("role") == "leader" else None
+
+        return await self.wait_for(ready, timeout, "leader polling")
+
+    async def wait_follower_topic(self, workdir: Path, timeout: float = 20.0) -> dict[str, Any]:
+        async def bound():
+            snap = await self.status()
+            if not snap:
+                return None
+            for b in snap["bindings"]:
+                if b["cwd"] == str(workdir) and b["state"] == "live" and b["threadId"]:
+                    return b
+            return None
+
+        return await self.wait_for(bound, timeout, f"follower topic for {workdir}")
+
+    def texts_in(self, thread_id: int) -> list[str]:
+        return [m.text or "" for m in self.fake.messages_in(CHAT_ID, thread_id)]
+
+    async def wait_text(self, thread_id: int, needle: str, timeout: float = 20.0) -> None:
+        await self.wait_for(lambda: any(needle in t for t in self.texts_in(thread_id)), timeout,
+                            f"{needle!r} in thread {thread_id}: {self.texts_in(thread_id)}")
+
+    def diagnostics(self) -> str:
+        parts = [f"fake: {self.fake.summary()}"]
+        for p in self.procs:
+            parts.append(f"--- {p.name} (pid {p.pid}, rc {p.process.returncode}) ---\n{p.log()[-4000:]}")
+        return "\n".join(parts)
+
+    async def shutdown(self) -> None:
+        for p in self.procs:
+            if p.process.returncode is None:
+                try:
+                    os.killpg(p.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                await asyncio.wait_for(p.process.wait(), 10)
+            except TimeoutError:
+                pass

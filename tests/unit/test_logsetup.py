@@ -1,0 +1,363 @@
+"""app.logsetup: redaction everywhere (message, extras, tracebacks, intercepted stdlib), formats,
+levels, structured events and the in-memory journal."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import sys
+from datetime import datetime
+
+import httpx
+import pytest
+from loguru import logger
+from pydantic import SecretStr
+
+from app import logsetup
+from app.logsetup import (
+    REDACTED,
+    EventJournal,
+    RecordedEvent,
+    Redactor,
+    add_secret,
+    configure_logging,
+    event,
+)
+
+TOKEN = "123456:ABC-secret"  # the brief's example: too short for the generic shape, so registered
+SHAPED = "987654321:AAHf3kZ9x_abcdefghijklmnopqrs"  # matches the generic bot-token shape
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    saved_levels = {name: logging.getLogger(name).level for name in logsetup.STDLIB_LEVELS}
+    yield
+    logger.remove()
+    logger.add(lambda m: sys.stderr.write(m), level="DEBUG")
+    root.handlers[:] = saved_handlers
+    root.setLevel(saved_level)
+    for name, level in saved_levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def _setup(**kwargs) -> io.StringIO:
+    out = io.StringIO()
+    kwargs.setdefault("secrets", [TOKEN])
+    configure_logging(sink=out, **kwargs)
+    return out
+
+
+def _json_lines(out: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
+
+
+# --- redaction -------------------------------------------------------------------------------
+
+
+def test_secret_redacted_in_message():
+    out = _setup()
+    logger.info(f"calling https://api.telegram.org/bot{TOKEN}/getMe")
+    text = out.getvalue()
+    assert TOKEN not in text
+    assert f"/bot{REDACTED}/getMe" in text
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_secret_redacted_in_extra_fields(as_json):
+    out = _setup(json=as_json)
+    event("provisioned", phase="registration", url=f"http://x/bot{TOKEN}/x", nested={"k": [TOKEN]})
+    logger.bind(token=TOKEN).info("bound")
+    text = out.getvalue()
+    assert TOKEN not in text
+    assert REDACTED in text
+    if as_json:
+        first, second = _json_lines(out)
+        assert first["url"] == f"http://x/bot{REDACTED}/x"
+        assert first["nested"] == {"k": [REDACTED]}
+        assert second["token"] == REDACTED
+
+
+def test_secret_with_quote_characters_redacted_in_human_extras():
+    secret = 'pa ss"word=1'
+    out = _setup(secrets=[secret])
+    event("x", phase="p", value=f"<{secret}>")
+    assert "pa ss" not in out.getvalue()
+    assert REDACTED in out.getvalue()
+
+
+def _fail_with_token(token: str) -> None:
+    local_token = token  # a local holding the secret: must never be rendered (diagnose=False)
+    raise RuntimeError(f"request to /bot{local_token}/sendMessage failed")
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_secret_redacted_in_traceback(as_json):
+    out = _setup(json=as_json)
+    try:
+        try:
+            _fail_with_token(TOKEN)
+        except RuntimeError as inner:
+            raise ValueError(f"wrapped: {TOKEN}") from inner
+    except ValueError:
+        logger.exception("operation failed")
+    text = out.getvalue()
+    assert TOKEN not in text
+    assert "Traceback (most recent call last)" in text
+    assert "RuntimeError: request to /bot[REDACTED]/sendMessage failed" in text
+    assert "ValueError: wrapped: [REDACTED]" in text
+    assert "_fail_with_token" in text
+    if as_json:
+        (line,) = _json_lines(out)
+        assert line["message"] == "operation failed"
+        assert "RuntimeError" in line["exception"]
+        assert TOKEN not in line["exception"]
+
+
+def test_generic_token_shape_redacted_without_registration():
+    out = _setup(secrets=[])
+    logger.warning(f"leaked {SHAPED} and percent-encoded {SHAPED.replace(':', '%3A')}")
+    text = out.getvalue()
+    assert "AAHf3kZ9x" not in text
+    assert text.count(REDACTED) == 2
+
+
+def test_intercepted_httpx_warning_with_token_in_url():
+    out = _setup()
+    logging.getLogger("httpx").warning(
+        'HTTP Request: POST http://127.0.0.1:1/bot123456:ABC-secret/getMe "HTTP/1.1 502 Bad Gateway"'
+    )
+    text = out.getvalue()
+    assert "ABC-secret" not in text
+    assert f"http://127.0.0.1:1/bot{REDACTED}/getMe" in text
+
+
+def test_intercepted_httpx_info_is_dropped_and_json_logger_name():
+    out = _setup(json=True, level="DEBUG")
+    logging.getLogger("httpx").info("HTTP Request: POST http://127.0.0.1:1/botX/getMe")
+    logging.getLogger("httpx").warning("slow")
+    (line,) = _json_lines(out)
+    assert line["logger"] == "httpx"
+    assert line["level"] == "WARNING"
+    assert line["message"] == "slow"
+
+
+def test_httpx_error_url_redacted_in_stdlib_exc_info():
+    """A real httpx.HTTPStatusError (its message carries the URL) logged via stdlib exc_info."""
+    out = _setup()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"ok": False})
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        response = client.post(f"http://127.0.0.1:1/bot{TOKEN}/getMe")
+        with pytest.raises(httpx.HTTPStatusError) as info:
+            response.raise_for_status()
+    assert TOKEN in str(info.value)  # precondition: the library puts the token in the message
+    try:
+        raise info.value
+    except httpx.HTTPStatusError:
+        logging.getLogger("telegram.ext").error("request failed", exc_info=True)
+    text = out.getvalue()
+    assert "HTTPStatusError" in text
+    assert TOKEN not in text
+    assert f"/bot{REDACTED}/getMe" in text
+
+
+def test_add_secret_after_configuration_and_short_values_ignored():
+    out = _setup(secrets=[])
+    later = "late-secret-value-42"
+    logger.info(f"before {later}")
+    add_secret(SecretStr(later))
+    add_secret("abc")  # shorter than 6: ignored
+    add_secret(None)
+    logger.info(f"after {later} abc")
+    first, second = out.getvalue().splitlines()
+    assert later in first
+    assert later not in second
+    assert second.endswith(f"after {REDACTED} abc")
+
+
+def test_redactor_is_pure_and_handles_variants():
+    r = Redactor(["secret-one", "secret-one-longer", "a b/c:d?e"], token_shape=False)
+    assert r.redact("x secret-one-longer y secret-one") == f"x {REDACTED} y {REDACTED}"
+    assert r.redact("url/a%20b%2Fc%3Ad%3Fe/") == f"url/{REDACTED}/"
+    assert r.redact(SHAPED) == SHAPED  # shape matching disabled for this instance
+    assert r.redact(12345) == "12345"
+    assert r.redact_value({"k": ["secret-one", 3, None]}) == {"k": [REDACTED, 3, None]}
+    assert Redactor().redact(f"t={SHAPED}") == f"t={REDACTED}"
+    assert Redactor(["short"]).secret_count == 0
+
+
+# --- formats and levels ----------------------------------------------------------------------
+
+
+def test_human_format():
+    out = _setup()
+    event("hello", phase="boot", instanceId="abc", note="two words")
+    logger.info("plain")
+    first, second = out.getvalue().splitlines()
+    assert re.fullmatch(
+        r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \| INFO \| hello \| phase=boot instanceId=abc note="two words"',
+        first,
+    ), first
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \| INFO \| plain", second), second
+
+
+def test_json_lines_carry_phase_and_extra_fields():
+    out = _setup(json=True)
+    event("registered", phase="registration", instanceId="i-1", generation=3, ok=True, message="clash")
+    logger.info("no extras {braces} kept")
+    first, second = _json_lines(out)
+    assert first["message"] == "registered"
+    assert first["level"] == "INFO"
+    assert first["phase"] == "registration"
+    assert first["instanceId"] == "i-1"
+    assert first["generation"] == 3 and first["ok"] is True
+    assert first["extra.message"] == "clash"  # an extra never overwrites a core key
+    assert first["logger"] == __name__  # the caller of event(), not app.logsetup
+    assert "exception" not in first
+    assert first["time"].endswith("Z")
+    assert datetime.fromisoformat(first["time"].replace("Z", "+00:00")).utcoffset().total_seconds() == 0
+    assert second["message"] == "no extras {braces} kept"
+    assert len(out.getvalue().splitlines()) == 2  # compact: one object per line
+
+
+def test_level_filtering():
+    out = _setup(level="warning")
+    logger.info("dropped")
+    logging.getLogger("some.lib").info("dropped too")
+    logger.warning("kept")
+    logging.getLogger("some.lib").error("kept too")
+    lines = out.getvalue().splitlines()
+    assert [line.split(" | ")[2] for line in lines] == ["kept", "kept too"]
+
+
+def test_stdlib_logger_levels_pinned():
+    out = _setup(level="DEBUG")
+    logging.getLogger("telegram.ext").debug("ptb debug")
+    logging.getLogger("telegram.ext").info("ptb info")
+    logging.getLogger("apscheduler.scheduler").info("job added")
+    logging.getLogger("aiosqlite").debug("sql")
+    logging.getLogger("httpcore.connection").debug("connect")
+    logging.getLogger("app.other").debug("app debug")
+    text = out.getvalue()
+    assert "ptb info" in text and "app debug" in text
+    for dropped in ("ptb debug", "job added", "sql", "connect"):
+        assert dropped not in text
+
+
+def test_configure_is_idempotent_and_reconfigures():
+    first = _setup()
+    second = _setup(json=True)
+    logger.info("once")
+    assert first.getvalue() == ""
+    assert len(_json_lines(second)) == 1
+    assert sum(isinstance(h, logsetup.InterceptHandler) for h in logging.getLogger().handlers) == 1
+
+
+def test_unknown_level_rejected_before_teardown():
+    out = _setup()
+    with pytest.raises(ValueError):
+        configure_logging(level="LOUD", sink=io.StringIO())
+    logger.info("still here")
+    assert "still here" in out.getvalue()
+
+
+def test_callable_sink():
+    lines: list[str] = []
+    configure_logging(sink=lines.append, secrets=[TOKEN])
+    logger.info(TOKEN)
+    assert lines and lines[0].endswith(f"| {REDACTED}\n")
+
+
+# --- events ----------------------------------------------------------------------------------
+
+
+def test_event_with_exception_below_error_has_no_traceback():
+    out = _setup(json=True)
+    event(ValueError(f"bad value {TOKEN}"), phase="prune", level="WARNING", instanceId="i-2")
+    event(KeyError(), phase="prune", level="warning")
+    first, second = _json_lines(out)
+    assert first["message"] == f"ValueError: bad value {REDACTED}"
+    assert first["level"] == "WARNING"
+    assert "exception" not in first
+    assert second["message"] == "KeyError"
+
+
+def test_event_with_exception_at_error_has_traceback():
+    out = _setup(json=True)
+    try:
+        _fail_with_token(TOKEN)
+    except RuntimeError as exc:
+        event(exc, phase="cleanup", level="ERROR")
+    (line,) = _json_lines(out)
+    assert line["message"].startswith("RuntimeError: ")
+    assert "Traceback" in line["exception"] and "_fail_with_token" in line["exception"]
+    assert TOKEN not in json.dumps(line)
+
+
+# --- journal ---------------------------------------------------------------------------------
+
+
+def test_journal_is_bounded_and_filters_by_phase():
+    _setup()
+    ticks = iter(range(1000, 2000))
+    journal = EventJournal(maxlen=3, clock=lambda: next(ticks))
+    for i in range(5):
+        journal.record(f"e{i}", phase="prune" if i % 2 else "registration", i=i)
+    assert len(journal) == 3 and journal.maxlen == 3
+    assert [e.message for e in journal.recent()] == ["e2", "e3", "e4"]
+    assert [e.message for e in journal.recent("prune")] == ["e3"]
+    assert journal.recent("nothing") == []
+    assert journal.recent()[0] == RecordedEvent(at_ms=1002, level="INFO", phase="registration", message="e2", fields={"i": 2})
+    journal.clear()
+    assert journal.recent() == []
+    assert EventJournal().maxlen == 500
+    with pytest.raises(ValueError):
+        EventJournal(maxlen=0)
+
+
+def test_journal_records_errors_redacted_and_logs_them():
+    out = _setup(json=True)
+    journal = EventJournal()
+    stored = journal.record(RuntimeError(f"boom {TOKEN}"), phase="cleanup", level="warning", url=f"/bot{TOKEN}")
+    assert stored is not None
+    assert stored.message == f"RuntimeError: boom {REDACTED}"
+    assert stored.fields == {"url": f"/bot{REDACTED}"}
+    assert stored.level == "WARNING"
+    (line,) = _json_lines(out)
+    assert line["phase"] == "cleanup" and line["message"] == stored.message
+    assert line["logger"] == __name__
+
+
+def test_record_swallows_sink_errors():
+    _setup()
+
+    def exploding_sink(message):
+        raise OSError("disk full")
+
+    logger.add(exploding_sink, catch=False)
+    journal = EventJournal()
+    with pytest.raises(OSError):
+        event("direct", phase="p")  # event itself does not hide failures
+    stored = journal.record("through the journal", phase="p")
+    assert stored is not None and journal.recent() == [stored]
+    assert journal.record("bad level", phase="p", level="NOPE") is not None
+
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    assert journal.record("odd field", phase="p", thing=Unprintable()) is not None
+    assert len(journal) == 3
+
+
+def test_our_sink_never_raises_on_a_broken_stream():
+    out = _setup()
+    out.close()
+    logger.info("into a closed stream")  # no exception
+    EventJournal().record("still fine", phase="p")
