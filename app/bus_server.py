@@ -75,13 +75,19 @@ class BusServer:
 
     async def start_with_retry(self, stop: asyncio.Event, delay_s: float = 0.5) -> bool:
         """Bind, retrying while the port is taken (a previous leader still exiting)."""
+        warned = False
         while not stop.is_set():
             try:
                 await self.start()
+                if warned:
+                    logger.bind(phase="bus-bind").info("bus bound on {}:{}", self._host, self.bound_port)
                 return True
             except OSError as exc:
-                logger.bind(phase="bus-bind").warning("cannot bind the bus on {}:{} ({}); retrying",
-                                                      self._host, self._port, exc.strerror)
+                log = logger.bind(phase="bus-bind")
+                (log.debug if warned else log.warning)(
+                    "cannot bind the bus on {}:{} ({}); retrying until it is free", self._host, self._port,
+                    exc.strerror)
+                warned = True
                 if self._runner is not None:
                     await self._runner.cleanup()
                     self._runner = None

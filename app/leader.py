@@ -64,11 +64,15 @@ class LeaderProcess:
         leases = LeaseRepository(db)
         bind_task = asyncio.create_task(self.server.start_with_retry(stop), name="bus-bind")
         authority: Authority | None = None
+        announced = False
         try:
             while not stop.is_set():
                 authority = await leases.try_acquire(self.owner, self.clock.now_ms(),
                                                      self.settings.lease_stale_after_ms)
                 if authority is None:
+                    if self.server.role != "standby" or not announced:
+                        logger.bind(phase="lease").info("another leader holds the lease; waiting as standby")
+                        announced = True
                     self.server.role = "standby"
                     await _wait(stop, STANDBY_POLL_S)
                     continue

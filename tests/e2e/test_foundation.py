@@ -30,3 +30,96 @@ async def test_topic_created_and_echo_round_trip(cluster: Cluster, tmp_path):
     assert await follower.wait() == 3
     leader.kill(signal.SIGTERM)
     assert await leader.wait() == 0
+
+
+async def test_follower_restart_reuses_its_topic(cluster: Cluster, tmp_path):
+    await cluster.start_leader()
+    await cluster.wait_polling()
+    work = tmp_path / "repo-restart"
+    first = await cluster.start_follower(work)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+
+    os.killpg(first.pid, signal.SIGKILL)  # wrapper and agent die at once, no goodbye
+    await first.wait()
+    second = await cluster.start_follower(work)
+    again = await cluster.wait_follower_topic(work)
+    assert again["threadId"] == thread
+    await cluster.wait_for(lambda: cluster.texts_in(thread).count("agent ready") == 2, message="second agent ready")
+    cluster.fake.push_message(CHAT_ID, "ping", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "echo: ping")
+    assert len(cluster.fake.calls_to("createForumTopic")) == 2  # control topic + this one, never a duplicate
+    assert second.process.returncode is None
+
+
+async def test_leader_restart_keeps_bindings_and_delivers_messages_sent_while_down(cluster: Cluster, tmp_path):
+    leader = await cluster.start_leader()
+    await cluster.wait_polling()
+    work = tmp_path / "repo-leader-restart"
+    await cluster.start_follower(work)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+
+    leader.kill(signal.SIGKILL)
+    await leader.wait()
+    for i in range(3):
+        cluster.fake.push_message(CHAT_ID, f"while down {i}", thread_id=thread, from_id=OWNER_ID)
+
+    await cluster.start_leader()
+    await cluster.wait_polling()
+    for i in range(3):
+        await cluster.wait_text(thread, f"echo: while down {i}")
+    lines = "\n".join(cluster.texts_in(thread)).splitlines()
+    assert [t for t in lines if t.startswith("echo: while down")] == [f"echo: while down {i}" for i in range(3)]
+    assert len(cluster.fake.calls_to("createForumTopic")) == 2
+    assert (await cluster.wait_follower_topic(work))["threadId"] == thread
+
+
+async def test_standby_takes_over_after_sigkill(cluster: Cluster, tmp_path):
+    first = await cluster.start_leader()
+    await cluster.wait_polling()
+    standby = await cluster.start_leader()
+    await cluster.wait_for(lambda: "standby" in standby.log() or "cannot bind" in standby.log(),
+                           message="second leader waiting as standby")
+    work = tmp_path / "repo-standby"
+    await cluster.start_follower(work)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    epoch = (await cluster.status())["epoch"]
+
+    first.kill(signal.SIGKILL)
+    await first.wait()
+    health = await cluster.wait_polling(timeout=10)
+    assert health["epoch"] > epoch
+    cluster.fake.push_message(CHAT_ID, "after takeover", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "echo: after takeover")
+    assert cluster.fake.conflicts == 0
+    assert standby.process.returncode is None
+
+
+async def test_non_owner_and_bots_are_ignored(cluster: Cluster, tmp_path):
+    await cluster.start_leader()
+    await cluster.wait_polling()
+    work = tmp_path / "repo-owner"
+    await cluster.start_follower(work)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+    cluster.fake.push_message(CHAT_ID, "from stranger", thread_id=thread, from_id=555)
+    cluster.fake.push_message(CHAT_ID, "from a bot", thread_id=thread, from_id=777, is_bot=True)
+    cluster.fake.push_message(CHAT_ID, "from owner", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "echo: from owner")
+    texts = cluster.texts_in(thread)
+    assert not any("stranger" in t or "a bot" in t for t in texts)
+
+
+async def test_wrong_bus_secret_is_refused(cluster: Cluster, tmp_path):
+    await cluster.start_leader()
+    await cluster.wait_polling()
+    code, _ = cluster.http("/v1/status", secret="wrong-secret")
+    assert code == 401
+    work = tmp_path / "repo-bad-secret"
+    follower = await cluster.start_follower(work, TOPICBUS_BUS_SECRET="definitely-wrong-secret")
+    rc = await follower.wait()
+    assert rc == 78
+    snap = await cluster.status()
+    assert all(b["cwd"] != str(work) for b in snap["bindings"])
+    assert "definitely-wrong-secret" not in follower.log()

@@ -1,0 +1,103 @@
+"""Follower lifecycle end to end: pruning, death proof, cleanup or preservation (SPEC §6.2–6.6)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.harness import CHAT_ID, OWNER_ID, Cluster
+
+pytestmark = pytest.mark.e2e
+
+
+def binding_for(snapshot, workdir):
+    return next((b for b in snapshot["bindings"] if b["cwd"] == str(workdir)), None)
+
+
+async def wait_state(cluster: Cluster, workdir, state: str, timeout: float = 20.0):
+    async def check():
+        snap = await cluster.status()
+        b = binding_for(snap, workdir) if snap else None
+        return b if b and b["state"] == state else None
+
+    return await cluster.wait_for(check, timeout, f"binding of {workdir} in state {state}")
+
+
+async def test_sigkilled_follower_is_pruned_and_its_topic_deleted_once(cluster: Cluster, tmp_path):
+    await cluster.start_leader()
+    await cluster.wait_polling()
+    work = tmp_path / "killed"
+    follower = await cluster.start_follower(work)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+
+    os.killpg(follower.pid, signal.SIGKILL)
+    await follower.wait()
+    await wait_state(cluster, work, "deleted")
+    await cluster.wait_for(lambda: cluster.fake.topic(CHAT_ID, thread).deleted, message="topic deleted")
+    deletes = [c for c in cluster.fake.calls_to("deleteForumTopic") if c.params.get("message_thread_id") == thread]
+    assert len(deletes) == 1
+    snap = await cluster.status()
+    assert all(f["bindingKey"] != binding_for(snap, work)["bindingKey"] for f in snap["followers"])
+    assert snap["pendingCleanups"] == []
+
+
+async def test_cleanup_off_preserves_topic_and_restart_gets_it_back(cluster: Cluster, tmp_path):
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    work = tmp_path / "preserved"
+    follower = await cluster.start_follower(work)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+
+    os.killpg(follower.pid, signal.SIGKILL)
+    await follower.wait()
+    preserved = await wait_state(cluster, work, "preserved")
+    assert preserved["inactiveSinceMs"] is not None
+    assert not cluster.fake.topic(CHAT_ID, thread).deleted
+    assert cluster.fake.calls_to("deleteForumTopic") == [] and cluster.fake.calls_to("closeForumTopic") == []
+
+    # topicbus status (the real command) shows the preserved binding
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "app", "status", "--json"],
+                                  capture_output=True, text=True, env=cluster.env(), timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert binding_for(json.loads(out.stdout), work)["state"] == "preserved"
+
+    await cluster.start_follower(work)
+    back = await wait_state(cluster, work, "live")
+    assert back["threadId"] == thread
+    assert back["inactiveSinceMs"] is None
+    await cluster.wait_for(lambda: cluster.texts_in(thread).count("agent ready") == 2, message="second start")
+    cluster.fake.push_message(CHAT_ID, "welcome back", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "echo: welcome back")
+
+
+async def test_stopped_but_alive_follower_is_pruned_and_never_deleted(cluster: Cluster, tmp_path):
+    await cluster.start_leader()
+    await cluster.wait_polling()
+    work = tmp_path / "sigstop"
+    follower = await cluster.start_follower(work)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+
+    os.killpg(follower.pid, signal.SIGSTOP)
+    try:
+        await wait_state(cluster, work, "offline")  # pruned from routing, owner record kept
+        snap = await cluster.status()
+        assert len(snap["pendingObservations"]) == 1
+        await asyncio.sleep(0.6)  # a few more prune ticks (interval 0.2 s): still no deletion
+        assert not cluster.fake.topic(CHAT_ID, thread).deleted
+        assert cluster.fake.calls_to("deleteForumTopic") == []
+    finally:
+        os.killpg(follower.pid, signal.SIGCONT)
+    back = await wait_state(cluster, work, "live")
+    assert back["threadId"] == thread
+    cluster.fake.push_message(CHAT_ID, "still there?", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "echo: still there?")
+    assert cluster.fake.calls_to("deleteForumTopic") == []
