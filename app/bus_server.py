@@ -196,9 +196,12 @@ class BusServer:
         except Exception as exc:  # noqa: BLE001 - one bad request never takes the bus down
             logger.bind(phase="bus-handler").exception("bus handler failed for {}", kind.value)
             answer = error_ack(request_id, ErrorCode.INTERNAL, f"Bus handler failed ({type(exc).__name__}).")
-        conn.replays[request_id] = (digest, answer)
-        if len(conn.replays) > REPLAY_LEDGER_SIZE:
-            conn.replays.popitem(last=False)
+        if answer["ok"]:
+            # Only answers that changed something are replayed; a refused request changed nothing,
+            # so retrying it under the same id (e.g. with a fresh generation) is legitimate.
+            conn.replays[request_id] = (digest, answer)
+            if len(conn.replays) > REPLAY_LEDGER_SIZE:
+                conn.replays.popitem(last=False)
         await self._reply(conn, answer)
 
     @staticmethod

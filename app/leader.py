@@ -32,6 +32,7 @@ from app.pruning import FollowerPruner
 from app.runtime import LeaderRuntime
 from app.settings import Settings
 from app.telegram_api import TelegramGateway
+from storage.admission import AdmissionLedger
 from storage.bindings import BindingRepository
 from storage.cleanups import CleanupRepository
 from storage.db import Authority, Database
@@ -77,7 +78,8 @@ class LeaderProcess:
                     await _wait(stop, STANDBY_POLL_S)
                     continue
                 logger.bind(phase="lease").info("leader lease acquired (epoch {})", authority.epoch)
-                self.term = LeadershipTerm(self.settings, db, authority, self.server, self.clock, self.events)
+                self.term = LeadershipTerm(self.settings, db, authority, self.server, self.clock, self.events,
+                                           self.owner)
                 lost = await self.term.run(stop)
                 self.term = None
                 if lost:
@@ -126,13 +128,14 @@ class LeadershipTerm:
     """Everything that exists only while this process holds the lease."""
 
     def __init__(self, settings: Settings, db: Database, authority: Authority, server: BusServer, clock: Clock,
-                 events: EventJournal):
+                 events: EventJournal, owner: str):
         self.settings = settings
         self.db = db
         self.authority = authority
         self.server = server
         self.clock = clock
         self.events = events
+        self.owner = owner
         self.runtime: LeaderRuntime | None = None
         self.poller: UpdatePoller | None = None
         self.pruner: FollowerPruner | None = None
@@ -174,7 +177,8 @@ class LeadershipTerm:
                                 gateway_provisioner=provisioner, departure=departure, outbox=outbox,
                                 liveness=ProcessLiveness(host_id), events=self.events,
                                 default_cleanup=s.thread_cleanup, default_display_mode=s.display_mode,
-                                leader_build=f"topicbus/{__version__}")
+                                leader_build=f"topicbus/{__version__}",
+                                admission=AdmissionLedger(self.db, self.owner, self.clock.now_ms))
         runtime.authority = self.authority
         self.runtime = runtime
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started)
@@ -189,6 +193,7 @@ class LeadershipTerm:
                              name=LEASE_JOB_ID, job_kwargs={"id": LEASE_JOB_ID, "replace_existing": True,
                                                             "misfire_grace_time": None, "coalesce": True})
             await runtime.load_runtime_settings()
+            await runtime.admission.drop_foreign_leases(self.authority)
             done, failed = await departure.replay(self.authority)
             if done or failed:
                 self.events.record("Replayed pending cleanups", phase="cleanup-replay", completed=done,

@@ -8,6 +8,7 @@ store re-checks it inside the commit.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,9 @@ from app.provisioning import ProvisionRequest, SlotUnavailable, TopicCreationFai
 from app.registry import FollowerRecord, FollowerRegistry, Target
 from app.settings import DisplayMode
 from app.workspace import WorkspaceIdentity, default_thread_name
+from storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger
 from storage.bindings import BindingRepository, OwnerRecord
+from storage.cleanups import CleanupRepository
 from storage.db import Authority, AuthorityLost, Database
 from storage.journal import JournalRepository
 from storage.outbox import OutboxRepository
@@ -45,7 +48,7 @@ class LeaderRuntime:
     def __init__(self, *, db: Database, clock: Clock, chat_id: int, gateway_provisioner: TopicProvisioner,
                  departure: DepartureHandler, outbox: OutboundSender, liveness: ProcessLiveness,
                  events: EventJournal, default_cleanup: bool, default_display_mode: DisplayMode,
-                 leader_build: str):
+                 leader_build: str, admission: AdmissionLedger):
         self.db = db
         self.clock = clock
         self.chat_id = chat_id
@@ -53,6 +56,8 @@ class LeaderRuntime:
         self.journal = JournalRepository(db)
         self.outbox_repo = OutboxRepository(db)
         self.runtime_settings = RuntimeSettingsRepository(db)
+        self.cleanups = CleanupRepository(db)
+        self.admission = admission
         self.provisioner = gateway_provisioner
         self.departure = departure
         self.outbox = outbox
@@ -115,7 +120,16 @@ class LeaderRuntime:
         except ValueError as exc:
             raise ProtocolError(ErrorCode.INVALID_ENVELOPE, f"Invalid workspace identity: {exc}.") from None
         key = identity.binding_key
-        return await self.mutations.run(f"profile:{key}", lambda: self._register(req, identity, connection))
+
+        async def admitted() -> dict[str, Any]:
+            return await self.mutations.run(f"profile:{key}", lambda: self._register(req, identity, connection))
+
+        try:
+            return await self.admission.run(
+                f"follower-registration:{req.instance_id}:{req.registration_generation}",
+                "workspace.register-follower", [PROFILE], admitted)
+        except AdmissionBlocked as exc:
+            raise ProtocolError(ErrorCode.BLOCKED_BY_RETIREMENT, str(exc)) from None
 
     async def _register(self, req: Registration, identity: WorkspaceIdentity,
                         connection: FollowerConnection) -> dict[str, Any]:
@@ -215,7 +229,13 @@ class LeaderRuntime:
                 self._drop(current)
             return {}
 
-        return await self.mutations.run(f"profile:{entry.binding_key}", op)
+        async def admitted() -> dict[str, Any]:
+            return await self.mutations.run(f"profile:{entry.binding_key}", op)
+
+        try:
+            return await self.admission.run(str(uuid.uuid4()), "workspace.disconnect-follower", [PROFILE], admitted)
+        except AdmissionBlocked as exc:
+            raise ProtocolError(ErrorCode.BLOCKED_BY_RETIREMENT, str(exc)) from None
 
     def _drop(self, entry: FollowerRecord) -> None:
         self.registry.remove(entry.instance_id)
@@ -375,16 +395,12 @@ class LeaderRuntime:
             } for f in followers],
             "bindings": bindings,
             "pendingCleanups": [{"id": c.id, "threadId": c.thread_id, "reason": c.reason, "lastError": c.last_error}
-                                for c in await self.departure_cleanups()],
+                                for c in await self.cleanups.all()],
             "pendingObservations": self.pending_observations(),
             "outboxPending": await self.outbox_repo.count_pending(),
             "rotation": {"fence": None, "intents": []},
             "stats": dict(self.stats, delivered=self.hub.delivered, sent=self.outbox.sent),
         }
-
-    async def departure_cleanups(self) -> list[Any]:
-        from storage.cleanups import CleanupRepository
-        return await CleanupRepository(self.db).all()
 
     # --- pruning ports ------------------------------------------------------------------------------
     def forget_pending_observation(self, instance_id: str) -> None:
@@ -395,8 +411,12 @@ class LeaderRuntime:
 
     async def on_confirmed_dead(self, record: FollowerRecord) -> None:
         authority = self.require_authority()
-        try:
+
+        async def op() -> None:
             await self.departure.cleanup(record, authority, reason="confirmed-dead")
+
+        try:
+            await self.admission.run(str(uuid.uuid4()), "workspace.cleanup-dead-follower", [PROFILE], op)
         finally:
             self._forget_connection(record)
 
@@ -405,8 +425,14 @@ class LeaderRuntime:
         authority = self.authority
         if authority is None:
             return False
-        settled = await self.departure.preserve(record, lambda: is_detached() and self.authority == authority,
-                                                authority)
+        def current() -> bool:
+            return is_detached() and self.authority == authority
+
+        if not current():
+            return False
+        settled = await self.admission.run(
+            operation_id, "workspace.preserve-dead-follower", [PROFILE],
+            lambda: self.departure.preserve(record, current, authority))
         if settled:
             self._forget_connection(record)
         return settled

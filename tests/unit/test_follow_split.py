@@ -1,0 +1,159 @@
+"""Pure helpers of `topicbus follow`: text splitting, output batching, stdin lines, exit codes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.follow import OutputBatcher, delivery_line, dropped_marker, exit_code_of, split_text
+from app.follower_client import Delivery
+
+
+def reassemble(text: str, chunks: list[str]) -> None:
+    """Assert that ``chunks`` is ``text`` minus one consumed newline at some split points."""
+    pos = 0
+    for index, chunk in enumerate(chunks):
+        assert text.startswith(chunk, pos), f"chunk {index} does not continue the input"
+        pos += len(chunk)
+        if index < len(chunks) - 1 or pos < len(text):
+            if pos < len(text) and text[pos] == "\n":
+                pos += 1  # the consumed split newline
+    assert pos == len(text), "content lost at the end"
+
+
+# ---- split_text -------------------------------------------------------------------------------
+
+
+def test_split_short_and_empty() -> None:
+    assert split_text("") == []
+    assert split_text("hello") == ["hello"]
+    assert split_text("a" * 4096) == ["a" * 4096]
+    assert split_text("line\n") == ["line\n"]
+
+
+def test_split_prefers_last_newline_and_consumes_it() -> None:
+    text = "a" * 3000 + "\n" + "b" * 2000 + "\n" + "c" * 10
+    assert split_text(text) == ["a" * 3000, "b" * 2000 + "\n" + "c" * 10]
+
+
+def test_split_newline_exactly_at_limit() -> None:
+    assert split_text("a" * 4096 + "\n" + "b") == ["a" * 4096, "b"]
+    assert split_text("a" * 4096 + "\n") == ["a" * 4096]
+
+
+def test_split_hard_when_no_newline() -> None:
+    chunks = split_text("x" * 10_000)
+    assert chunks == ["x" * 4096, "x" * 4096, "x" * 1808]
+
+
+def test_split_leading_newline_is_not_an_empty_chunk() -> None:
+    chunks = split_text("\n" + "x" * 5000, limit=4096)
+    assert chunks == ["\n" + "x" * 4095, "x" * 905]
+
+
+def test_split_small_limit_and_blank_lines() -> None:
+    assert split_text("ab\n\ncd", limit=3) == ["ab\n", "cd"]
+    assert split_text("\n\n\n\n", limit=2) == ["\n\n", "\n"]
+    with pytest.raises(ValueError):
+        split_text("x", limit=0)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(["a", "b", " ", "\n", "é", "\r", "💡"]), max_size=200),
+       limit=st.integers(min_value=1, max_value=40))
+def test_split_properties(text: str, limit: int) -> None:
+    chunks = split_text(text, limit)
+    assert all(0 < len(c) <= limit for c in chunks)
+    reassemble(text, chunks)
+    consumed = len(text) - sum(len(c) for c in chunks)
+    assert 0 <= consumed <= max(0, len(chunks))
+    assert text.replace("\n", "") == "".join(chunks).replace("\n", "")
+
+
+# ---- OutputBatcher ----------------------------------------------------------------------------
+
+
+def test_batcher_flushes_after_interval() -> None:
+    b = OutputBatcher(max_batch_chars=100, flush_interval_s=0.25)
+    assert not b.ready(0.0) and b.take() is None and b.deadline() is None
+    b.feed("hello\n", 10.0)
+    b.feed("world\n", 10.1)
+    assert not b.ready(10.2)
+    assert b.deadline() == pytest.approx(10.25)
+    assert b.ready(10.25)
+    assert b.take() == "hello\nworld\n"
+    assert not b.has_pending and b.deadline() is None and b.pending_bytes == 0
+
+
+def test_batcher_flushes_on_size_preferring_newline() -> None:
+    b = OutputBatcher(max_batch_chars=10, flush_interval_s=100)
+    b.feed("abc\ndefgh", 0)
+    assert not b.ready(0)
+    b.feed("ij\nk", 0)
+    assert b.ready(0)
+    assert b.take() == "abc\n"
+    assert b.take() == "defghij\nk"
+    b.feed("y" * 25, 1)
+    assert [b.take(), b.take(), b.take(), b.take()] == ["y" * 10, "y" * 10, "y" * 5, None]
+
+
+def test_batcher_keeps_all_content() -> None:
+    b = OutputBatcher(max_batch_chars=7, flush_interval_s=0)
+    text = "".join(f"line {i}\n" if i % 3 else "x" * 11 for i in range(30))
+    for i in range(0, len(text), 5):
+        b.feed(text[i:i + 5], 0)
+    out = []
+    while (batch := b.take()) is not None:
+        assert 0 < len(batch) <= 7
+        out.append(batch)
+    assert "".join(out) == text
+
+
+def test_batcher_bounds_pending_output_with_one_marker() -> None:
+    b = OutputBatcher(max_batch_chars=100, flush_interval_s=1, max_pending_bytes=10)
+    b.feed("0123456789", 0)
+    assert b.dropped_bytes == 0
+    b.feed("abcd", 0)
+    b.feed("ef", 0)
+    assert b.pending_bytes == 10 and b.dropped_bytes == 6
+    assert b.ready(0)
+    assert b.take() == dropped_marker(6)
+    assert b.take() == "6789abcdef"
+    assert b.take() is None
+
+
+def test_batcher_drop_never_splits_a_character() -> None:
+    b = OutputBatcher(max_batch_chars=100, flush_interval_s=1, max_pending_bytes=8)
+    b.feed("éééé", 0)  # 8 bytes
+    b.feed("a", 0)  # 9 bytes: dropping 1 byte must drop the whole first "é"
+    assert b.dropped_bytes == 2 and b.pending_bytes == 7
+    assert b.take() == dropped_marker(2)
+    assert b.take() == "éééa"
+
+
+def test_dropped_marker_text() -> None:
+    assert dropped_marker(42) == "[… 42 bytes of output dropped while the leader was unreachable]"
+
+
+# ---- delivery lines and exit codes ------------------------------------------------------------
+
+
+def _delivery(text=None, caption=None, document=None) -> Delivery:
+    return Delivery(delivery_id="d", text=text, caption=caption, message_id=1, from_user_id=1, from_name="A",
+                    date=0, document=document)
+
+
+def test_delivery_line() -> None:
+    assert delivery_line(_delivery("a\r\nb\nc\rd")) == "a b c d"
+    assert delivery_line(_delivery("one\n\ntwo")) == "one  two"
+    assert delivery_line(_delivery(caption="cap\nx", document={"fileName": "f.txt"})) == "cap x"
+    assert delivery_line(_delivery(document={"fileName": "f.txt"})) == "[document f.txt]"
+    assert delivery_line(_delivery()) is None
+
+
+def test_exit_code_of() -> None:
+    assert exit_code_of(0) == 0
+    assert exit_code_of(3) == 3
+    assert exit_code_of(-15) == 143
+    assert exit_code_of(-9) == 137
