@@ -19,25 +19,18 @@ from telegram.error import InvalidToken, NetworkError, TimedOut
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ContextTypes
 
 import handlers
-from app import __version__
+from app.assembly import assemble_pruner, assemble_runtime
 from app.bus_server import BusServer, prometheus
 from app.clock import Clock, SystemClock
-from app.departure import DepartureHandler
 from app.liveness import ProcessLiveness, current_host_id
 from app.logsetup import EventJournal
 from app.outbox import OutboundSender
 from app.poller import UpdatePoller
-from app.provisioning import TopicProvisioner
 from app.pruning import FollowerPruner
 from app.runtime import LeaderRuntime
 from app.settings import Settings
-from app.telegram_api import TelegramGateway
-from storage.admission import AdmissionLedger
-from storage.bindings import BindingRepository
-from storage.cleanups import CleanupRepository
 from storage.db import Authority, Database
 from storage.lease import LeaseRepository
-from storage.outbox import OutboxRepository
 
 STANDBY_POLL_S = 0.5
 PRUNE_JOB_ID = "topicbus.prune"
@@ -163,22 +156,11 @@ class LeadershipTerm:
         await self._initialize(app, stop)
         if stop.is_set():
             return False
-        gateway = TelegramGateway(app.bot)
         host_id = current_host_id()
-        bindings = BindingRepository(self.db)
-        provisioner = TopicProvisioner(db=self.db, bindings=bindings, gateway=gateway, clock=self.clock,
-                                       chat_id=s.chat_id or 0, display_mode=lambda: runtime.display_mode)
-        departure = DepartureHandler(db=self.db, bindings=bindings, cleanups=CleanupRepository(self.db),
-                                     gateway=gateway, clock=self.clock, events=self.events)
-        runtime: LeaderRuntime
-        outbox = OutboundSender(repo=OutboxRepository(self.db), gateway=gateway, clock_ms=self.clock.now_ms,
-                                events=self.events, on_topic_gone=lambda c, t: runtime.topic_gone(c, t))
-        runtime = LeaderRuntime(db=self.db, clock=self.clock, chat_id=s.chat_id or 0,
-                                gateway_provisioner=provisioner, departure=departure, outbox=outbox,
-                                liveness=ProcessLiveness(host_id), events=self.events,
-                                default_cleanup=s.thread_cleanup, default_display_mode=s.display_mode,
-                                leader_build=f"topicbus/{__version__}",
-                                admission=AdmissionLedger(self.db, self.owner, self.clock.now_ms))
+        runtime = assemble_runtime(db=self.db, bot=app.bot, clock=self.clock, events=self.events, owner=self.owner,
+                                   chat_id=s.chat_id or 0, liveness=ProcessLiveness(host_id),
+                                   default_cleanup=s.thread_cleanup, default_display_mode=s.display_mode)
+        outbox, departure = runtime.outbox, runtime.departure
         runtime.authority = self.authority
         self.runtime = runtime
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started)
@@ -200,11 +182,8 @@ class LeadershipTerm:
                                    pending=failed)
             await runtime.provision_control_topic(host_id)
             outbox.start()
-            self.pruner = self._build_pruner(runtime)
-            runtime.forget_pending_observation = self.pruner.forget_instance
-            runtime.pending_observations = lambda: [
-                {"instanceId": o.follower.instance_id, "slot": o.follower.slot}
-                for o in self.pruner.pending_observations()] if self.pruner else []
+            self.pruner = assemble_pruner(runtime, clock=self.clock, stale_after_ms=s.follower_stale_after_ms,
+                                          events=self.events)
             self.pruner.begin()
             jq.run_repeating(self._prune, interval=s.prune_interval_ms / 1000, first=s.prune_interval_ms / 1000,
                              name=PRUNE_JOB_ID, job_kwargs={"id": PRUNE_JOB_ID, "replace_existing": True,
@@ -229,16 +208,6 @@ class LeadershipTerm:
                 logger.bind(phase="startup").warning("Telegram not reachable ({}); retrying", type(exc).__name__)
                 await _wait(stop, delay)
                 delay = min(delay * 2, 15.0)
-
-    def _build_pruner(self, runtime: LeaderRuntime) -> FollowerPruner:
-        return FollowerPruner(
-            registry=runtime.registry, mutations=runtime.mutations, now_ms=self.clock.now_ms,
-            stale_after_ms=self.settings.follower_stale_after_ms, leader_epoch=runtime.epoch,
-            profile=lambda: "default", liveness=runtime.probe, cleanup_policy=runtime.cleanup_policy,
-            on_confirmed_dead=runtime.on_confirmed_dead,
-            on_confirmed_dead_preserved=runtime.on_confirmed_dead_preserved,
-            record_event=self.events.record,
-        )
 
     def _polling_started(self) -> None:
         self.server.polling = True

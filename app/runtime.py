@@ -23,8 +23,10 @@ from app.outbox import OutboundSender
 from app.protocol import (ErrorCode, Fenced, Kind, ProtocolError, Registration, SendRequest,
                           check_compatibility)
 from app.provisioning import ProvisionRequest, SlotUnavailable, TopicCreationFailed, TopicProvisioner
+from app.pruning import FollowerPruner
 from app.registry import FollowerRecord, FollowerRegistry, Target
 from app.settings import DisplayMode
+from app.telegram_api import TelegramGateway
 from app.workspace import WorkspaceIdentity, default_thread_name
 from storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger
 from storage.bindings import BindingRepository, OwnerRecord
@@ -45,7 +47,7 @@ class RouteResult:
 
 
 class LeaderRuntime:
-    def __init__(self, *, db: Database, clock: Clock, chat_id: int, gateway_provisioner: TopicProvisioner,
+    def __init__(self, *, db: Database, clock: Clock, chat_id: int, provisioner: TopicProvisioner, gateway: TelegramGateway,
                  departure: DepartureHandler, outbox: OutboundSender, liveness: ProcessLiveness,
                  events: EventJournal, default_cleanup: bool, default_display_mode: DisplayMode,
                  leader_build: str, admission: AdmissionLedger):
@@ -58,7 +60,8 @@ class LeaderRuntime:
         self.runtime_settings = RuntimeSettingsRepository(db)
         self.cleanups = CleanupRepository(db)
         self.admission = admission
-        self.provisioner = gateway_provisioner
+        self.provisioner = provisioner
+        self.gateway = gateway
         self.departure = departure
         self.outbox = outbox
         self.liveness = liveness
@@ -74,7 +77,7 @@ class LeaderRuntime:
         self.control_binding_key: str | None = None
         self.control_thread_id: int | None = None
         self.role = "leader"
-        self.pending_observations: Callable[[], list[dict[str, Any]]] = lambda: []
+        self.pruner: FollowerPruner | None = None
         self.display_mode: DisplayMode = default_display_mode
         self._background: set[asyncio.Task[Any]] = set()
         self.on_roster_changed: Callable[[], None] = lambda: None
@@ -403,8 +406,19 @@ class LeaderRuntime:
         }
 
     # --- pruning ports ------------------------------------------------------------------------------
+    def attach_pruner(self, pruner: FollowerPruner) -> None:
+        self.pruner = pruner
+
     def forget_pending_observation(self, instance_id: str) -> None:
-        """Overridden by the session once the pruner exists."""
+        """Registration for an instance cancels that instance's pending preservation observation."""
+        if self.pruner is not None:
+            self.pruner.forget_instance(instance_id)
+
+    def pending_observations(self) -> list[dict[str, Any]]:
+        if self.pruner is None:
+            return []
+        return [{"instanceId": o.follower.instance_id, "slot": o.follower.slot, "operationId": o.operation_id}
+                for o in self.pruner.pending_observations()]
 
     def probe(self, record: FollowerRecord) -> Liveness:
         return self.liveness.probe(record.pid, record.process_birth_id, record.host_id)
