@@ -7,10 +7,12 @@ both use it, so tests exercise exactly the production composition.
 from __future__ import annotations
 
 from telegram import Bot
+from telegram.ext import JobQueue
 
 from app import __version__
 from app.clock import Clock
 from app.departure import DepartureHandler
+from app.display_reconciler import DisplayReconciler
 from app.liveness import ProcessLiveness
 from app.logsetup import EventJournal
 from app.outbox import OutboundSender
@@ -28,7 +30,7 @@ from storage.outbox import OutboxRepository
 
 def assemble_runtime(*, db: Database, bot: Bot, clock: Clock, events: EventJournal, owner: str, chat_id: int,
                      liveness: ProcessLiveness, default_cleanup: bool,
-                     default_display_mode: DisplayMode) -> LeaderRuntime:
+                     default_display_mode: DisplayMode, job_queue: JobQueue | None = None) -> LeaderRuntime:
     gateway = TelegramGateway(bot)
     bindings = BindingRepository(db)
     admission = AdmissionLedger(db, owner, clock.now_ms)
@@ -43,6 +45,8 @@ def assemble_runtime(*, db: Database, bot: Bot, clock: Clock, events: EventJourn
                             departure=departure, outbox=outbox, liveness=liveness, events=events,
                             default_cleanup=default_cleanup, default_display_mode=default_display_mode,
                             leader_build=f"topicbus/{__version__}", admission=admission)
+    runtime.display = DisplayReconciler(db=db, bindings=bindings, gateway=gateway, admission=admission,
+                                        events=events, runtime=runtime, job_queue=job_queue)
     return runtime
 
 

@@ -159,7 +159,8 @@ class LeadershipTerm:
         host_id = current_host_id()
         runtime = assemble_runtime(db=self.db, bot=app.bot, clock=self.clock, events=self.events, owner=self.owner,
                                    chat_id=s.chat_id or 0, liveness=ProcessLiveness(host_id),
-                                   default_cleanup=s.thread_cleanup, default_display_mode=s.display_mode)
+                                   default_cleanup=s.thread_cleanup, default_display_mode=s.display_mode,
+                                   job_queue=app.job_queue)
         outbox, departure = runtime.outbox, runtime.departure
         runtime.authority = self.authority
         self.runtime = runtime
@@ -175,6 +176,7 @@ class LeadershipTerm:
                              name=LEASE_JOB_ID, job_kwargs={"id": LEASE_JOB_ID, "replace_existing": True,
                                                             "misfire_grace_time": None, "coalesce": True})
             await runtime.load_runtime_settings()
+            runtime.display.begin_startup()
             await runtime.admission.drop_foreign_leases(self.authority)
             done, failed = await departure.replay(self.authority)
             if done or failed:
@@ -211,6 +213,8 @@ class LeadershipTerm:
 
     def _polling_started(self) -> None:
         self.server.polling = True
+        if self.runtime is not None and self.runtime.display is not None:
+            self.runtime.display.arm_startup(self.settings.follower_stale_after_ms / 1000)
         logger.bind(phase="startup").info("polling Telegram as leader (epoch {})", self.authority.epoch)
 
     async def _wait_until_done(self, stop: asyncio.Event) -> None:
@@ -246,6 +250,8 @@ class LeadershipTerm:
 
     async def _teardown(self, app: Application, outbox: OutboundSender, runtime: LeaderRuntime) -> None:
         await self.server.unpublish("standby" if self.lost.is_set() else "stopping")
+        if runtime.display is not None:
+            runtime.display.cancel_startup()
         if self.poller is not None:
             await self.poller.stop()
         if self.pruner is not None:

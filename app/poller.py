@@ -54,9 +54,11 @@ class UpdatePoller:
         bot = self._app.bot
         while not self._stopping:
             try:
+                # The first request does not wait, so "polling started" is known at once.
+                timeout = 0 if first else self._timeout_s
                 updates = await bot.get_updates(
-                    offset=self._offset, timeout=self._timeout_s, allowed_updates=ALLOWED_UPDATES,
-                    read_timeout=self._timeout_s + 10,
+                    offset=self._offset, timeout=timeout, allowed_updates=ALLOWED_UPDATES,
+                    read_timeout=timeout + 10,
                 )
             except InvalidToken as exc:
                 self.fatal = exc

@@ -6,19 +6,24 @@ raises anything but :class:`ProtocolError`, whose message names the field but ne
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
 MAX_DOCUMENT_BYTES = 512 * 1024
 MAX_TEXT_CHARS = 4096
 BUS_PATH = "/v1/bus"
+MAX_PID = 2**31 - 1  # pid_t is a signed 32-bit integer on every POSIX system we run on
+MAX_ERROR_DETAIL_CHARS = 160
 CAP_DELIVER = "deliver-v1"
 CAP_SEND = "send-v1"
+CAP_DISPLAY_TITLE = "display-title-v1"  # the follower takes title changes from acks (display modes)
 LEADER_CAPABILITIES = (CAP_DELIVER, CAP_SEND)
 REQUIRED_FOLLOWER_CAPABILITIES = frozenset({CAP_DELIVER})
 
@@ -81,7 +86,7 @@ class Registration(_Strict):
     request_id: Id = Field(alias="requestId")
     instance_id: Id = Field(alias="instanceId")
     registration_generation: str | None = Field(default=None, alias="registrationGeneration", max_length=128)
-    pid: int | None = None
+    pid: Annotated[int, Field(gt=0, le=MAX_PID)] | None = None
     process_birth_id: Annotated[str, StringConstraints(max_length=256)] | None = Field(default=None, alias="processBirthId")
     host_id: Annotated[str, StringConstraints(max_length=256)] | None = Field(default=None, alias="hostId")
     cwd: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = None
@@ -117,6 +122,19 @@ class DocumentMessage(_Strict):
     file_name: Annotated[str, StringConstraints(min_length=1, max_length=255)] = Field(alias="fileName")
     data_base64: Annotated[str, StringConstraints(max_length=(MAX_DOCUMENT_BYTES * 4) // 3 + 8)] = Field(alias="dataBase64")
     caption: Annotated[str, StringConstraints(max_length=1024)] | None = None
+
+    @field_validator("data_base64")
+    @classmethod
+    def _valid_base64(cls, value: str) -> str:
+        # Checked here, not when posting: an undecodable document would otherwise be acked and then
+        # wedge its topic's outbox.
+        try:
+            data = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("must be valid base64") from None
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise ValueError(f"must decode to at most {MAX_DOCUMENT_BYTES} bytes")
+        return value
 
 
 OutboundMessage = Annotated[TextMessage | ChatActionMessage | DocumentMessage, Field(discriminator="type")]
@@ -169,14 +187,27 @@ def request_id_of(text: str) -> str:
     except (ValueError, RecursionError):
         return "invalid"
     rid = raw.get("requestId") if isinstance(raw, dict) else None
-    return rid if isinstance(rid, str) and 0 < len(rid) <= 128 else "invalid"
+    return rid if isinstance(rid, str) and 0 < len(rid) <= 128 and _encodable(rid) else "invalid"
+
+
+def _encodable(text: str) -> bool:
+    """False for text with lone surrogates (``"\\ud800"`` in JSON): it cannot be sent back as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def describe_errors(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False, include_input=False, include_context=False)[:5]:
-        loc = ".".join(str(p) for p in err["loc"]) or "envelope"
-        parts.append(f"{loc}: {err['msg']}")
+        loc = ".".join(str(p) for p in err["loc"])[:MAX_ERROR_DETAIL_CHARS] or "envelope"
+        if err["type"] == "union_tag_invalid":  # pydantic's text quotes the offending input tag
+            msg = "Input tag does not match any of the expected tags"
+        else:
+            msg = err["msg"]
+        parts.append(f"{loc}: {msg[:MAX_ERROR_DETAIL_CHARS]}")
     return "Invalid envelope: " + "; ".join(parts) + "."
 
 
@@ -196,7 +227,7 @@ def leader_identity(build: str) -> dict[str, Any]:
 
 
 def follower_identity(build: str) -> dict[str, Any]:
-    return {"version": PROTOCOL_VERSION, "build": build, "capabilities": sorted({CAP_DELIVER})}
+    return {"version": PROTOCOL_VERSION, "build": build, "capabilities": sorted({CAP_DELIVER, CAP_DISPLAY_TITLE})}
 
 
 def ack(request_id: str, result: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:

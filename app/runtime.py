@@ -15,12 +15,13 @@ from typing import Any
 
 from app.clock import Clock
 from app.delivery import DeliveryHub, FollowerConnection
+from app.display_reconciler import DisplayReconciler
 from app.departure import CleanupUnconfirmed, DepartureHandler
 from app.liveness import Liveness, ProcessLiveness
 from app.logsetup import EventJournal
 from app.mutations import FollowerMutationQueue
 from app.outbox import OutboundSender
-from app.protocol import (ErrorCode, Fenced, Kind, ProtocolError, Registration, SendRequest,
+from app.protocol import (CAP_DISPLAY_TITLE, ErrorCode, Fenced, Kind, ProtocolError, Registration, SendRequest,
                           check_compatibility)
 from app.provisioning import ProvisionRequest, SlotUnavailable, TopicCreationFailed, TopicProvisioner
 from app.pruning import FollowerPruner
@@ -37,6 +38,10 @@ from storage.outbox import OutboxRepository
 from storage.runtime_settings import CLEANUP_POLICY, DISPLAY_MODE, RuntimeSettingsRepository
 
 OFFLINE_NOTICE = "⏸ This agent is offline. Your message is kept and will be delivered when it reconnects."
+
+
+class DisplayModeRefused(Exception):
+    """A connected follower cannot follow a display mode change."""
 
 
 @dataclass
@@ -80,7 +85,7 @@ class LeaderRuntime:
         self.pruner: FollowerPruner | None = None
         self.display_mode: DisplayMode = default_display_mode
         self._background: set[asyncio.Task[Any]] = set()
-        self.on_roster_changed: Callable[[], None] = lambda: None
+        self.display: DisplayReconciler | None = None
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0, "registrations": 0}
 
     # --- authority --------------------------------------------------------------------------------
@@ -182,7 +187,7 @@ class LeaderRuntime:
         self.events.record("Follower registered", phase="follower-registered", instanceId=req.instance_id,
                            slot=binding.slot, threadId=binding.thread_id, created=created)
         self._spawn(self.hub.kick(key))
-        self.on_roster_changed()
+        self._roster_changed()
         return {"chatId": binding.chat_id, "threadId": binding.thread_id, "slot": binding.slot,
                 "displayTitle": binding.title, "bindingKey": key}
 
@@ -245,7 +250,7 @@ class LeaderRuntime:
         conn = self.connections.pop(entry.instance_id, None)
         if conn is not None:
             self.hub.detach_connection(conn)
-        self.on_roster_changed()
+        self._roster_changed()
 
     async def send(self, req: SendRequest) -> dict[str, Any]:
         entry = self._fenced(req)
@@ -433,6 +438,7 @@ class LeaderRuntime:
             await self.admission.run(str(uuid.uuid4()), "workspace.cleanup-dead-follower", [PROFILE], op)
         finally:
             self._forget_connection(record)
+        self._roster_changed()
 
     async def on_confirmed_dead_preserved(self, record: FollowerRecord, is_detached: Callable[[], bool],
                                           operation_id: str) -> bool:
@@ -449,6 +455,7 @@ class LeaderRuntime:
             lambda: self.departure.preserve(record, current, authority))
         if settled:
             self._forget_connection(record)
+            self._roster_changed()
         return settled
 
     def _forget_connection(self, record: FollowerRecord) -> None:
@@ -456,6 +463,64 @@ class LeaderRuntime:
             conn = self.connections.pop(record.instance_id, None)
             if conn is not None:
                 self.hub.detach_connection(conn)
+
+    def _roster_changed(self) -> None:
+        if self.display is not None:
+            self.display.schedule()
+
+    async def set_display_mode(self, mode: DisplayMode) -> int:
+        """Persist the mode and apply it, in one admitted operation; returns titles changed."""
+        authority = self.require_authority()
+        lacking = [f.slot or f.instance_id for f in self.registry.list() if CAP_DISPLAY_TITLE not in f.capabilities]
+        if mode != self.display_mode and lacking:
+            raise DisplayModeRefused(
+                "Update or restart these followers before changing the display mode: " + ", ".join(lacking) + ".")
+
+        async def op() -> int:
+            await self.runtime_settings.set(DISPLAY_MODE, str(mode), self.clock.now_ms(), authority)
+            self.display_mode = mode
+            self.events.record("Display mode changed", phase="settings", mode=str(mode))
+            return await self.display.reconcile() if self.display is not None else 0
+
+        return await self.admission.run(str(uuid.uuid4()), "workspace.set-display-mode", [PROFILE], op)
+
+    async def forget_slot(self, slot: str) -> str:
+        """Operator proof that the follower of ``slot`` is gone: the same departure as a proven death."""
+        slot = slot.strip().upper()
+        binding = next((b for b in await self.bindings.all() if b.slot == slot), None)
+        if binding is None:
+            return f"No binding holds slot {slot}."
+        if binding.kind == "leader":
+            return f"Slot {slot} is the control topic; it cannot be forgotten."
+        live = [f for f in self.registry.list() if f.binding_key == binding.binding_key]
+        if live:
+            return f"Slot {slot} has a live follower ({live[0].instance_id}); stop it first."
+        owner = await self.bindings.owner(binding.binding_key)
+        if owner is None:
+            return f"Slot {slot} has no owner to forget (already detached)."
+        authority = self.require_authority()
+        record = FollowerRecord(instance_id=owner.instance_id, registration_generation=owner.registration_generation,
+                                pid=owner.pid, process_birth_id=owner.process_birth_id, host_id=owner.host_id,
+                                profile_key=binding.binding_key, target=Target(binding.chat_id, binding.thread_id),
+                                slot=binding.slot, binding_key=binding.binding_key)
+        self.forget_pending_observation(owner.instance_id)
+        policy = await self.cleanup_policy()
+
+        async def op() -> str:
+            if policy is True:
+                await self.departure.cleanup(record, authority, reason="operator-forget")
+                return f"Slot {slot} forgotten: its topic was deleted; the slot keeps its name for that workspace."
+            await self.departure.preserve(record, lambda: self.authority == authority, authority)
+            return f"Slot {slot} forgotten: its topic is kept and detached (inactive, eligible for rotation)."
+
+        try:
+            answer = await self.admission.run(str(uuid.uuid4()), "workspace.forget-follower", [PROFILE],
+                                              lambda: self.mutations.run(f"profile:{binding.binding_key}", op))
+        except CleanupUnconfirmed as exc:
+            return str(exc)
+        self.events.record("Operator forgot a slot", phase="operator-forget", slot=slot, cleanup=policy)
+        self._roster_changed()
+        return answer
 
     # --- helpers ---------------------------------------------------------------------------------
     def _spawn(self, coro: Any) -> None:

@@ -1,4 +1,4 @@
-"""Admin commands in the leader's control topic: /status, /cleanup, /help (owners only)."""
+"""Admin commands in the leader's control topic: /status, /cleanup, /mode, /forget, /help (owners only)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,18 @@ from typing import Any
 from telegram import Update
 from telegram.ext import Application, CommandHandler, ContextTypes
 
+from app.runtime import DisplayModeRefused
+from app.settings import DisplayMode
 from app.status import render_board
+from storage.admission import AdmissionBlocked
 from handlers.filters import InThread, owner_messages
 
 HELP = (
     "topicbus control topic\n"
     "/status — slots, topics, liveness, heartbeat age, queued messages\n"
     "/cleanup on|off — delete (on) or keep (off) the topic of a follower whose process is proven dead\n"
+    "/mode letters|names|directory-snake|directory-title — how topic titles are shown\n"
+    "/forget <slot> — you know that slot's agent is gone: treat it like a proven death\n"
     "/help — this text"
 )
 
@@ -36,9 +41,39 @@ def register(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozens
             "Thread cleanup is on: topics of followers proven dead are deleted." if args[0] == "on" else
             "Thread cleanup is off: topics of followers proven dead are kept and detached.")
 
+    async def mode(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        args = context.args or []
+        valid = [m.value for m in DisplayMode]
+        if len(args) != 1 or args[0].lower() not in valid:
+            await update.effective_message.reply_text(
+                f"Usage: /mode {'|'.join(valid)} (currently {runtime.display_mode}).")
+            return
+        try:
+            changed = await runtime.set_display_mode(DisplayMode(args[0].lower()))
+        except DisplayModeRefused as exc:
+            await update.effective_message.reply_text(str(exc))
+            return
+        except AdmissionBlocked as exc:
+            await update.effective_message.reply_text(f"{exc} Try again in a moment.")
+            return
+        await update.effective_message.reply_text(f"Display mode is now {args[0].lower()} ({changed} titles changed).")
+
+    async def forget(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        args = context.args or []
+        if len(args) != 1 or len(args[0]) != 1 or not args[0].isalpha():
+            await update.effective_message.reply_text("Usage: /forget <slot letter>, e.g. /forget C")
+            return
+        try:
+            answer = await runtime.forget_slot(args[0])
+        except AdmissionBlocked as exc:
+            answer = f"{exc} Try again in a moment."
+        await update.effective_message.reply_text(answer)
+
     async def help_(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         await update.effective_message.reply_text(HELP)
 
     app.add_handler(CommandHandler("status", status, filters=where), group=0)
     app.add_handler(CommandHandler("cleanup", cleanup, filters=where), group=0)
+    app.add_handler(CommandHandler("mode", mode, filters=where), group=0)
+    app.add_handler(CommandHandler("forget", forget, filters=where), group=0)
     app.add_handler(CommandHandler("help", help_, filters=where), group=0)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from telegram import Bot
+from telegram.ext import Application, ApplicationBuilder
 
 from app.assembly import assemble_pruner, assemble_runtime
 from app.liveness import FakeLiveness, Liveness
@@ -101,6 +102,8 @@ class LeaderEnv:
         self.owner = f"leader-{uuid.uuid4().hex[:6]}"
         self.db: Database | None = None
         self.bot: Bot | None = None
+        self.app: Application | None = None
+        self.display_mode = DisplayMode.LETTERS
         self.runtime: LeaderRuntime | None = None
         self.pruner: FollowerPruner | None = None
         self.authority: Authority | None = None
@@ -108,13 +111,17 @@ class LeaderEnv:
 
     async def start(self, *, provision_control: bool = True, replay: bool = True) -> LeaderRuntime:
         self.db = self.db or await Database.open(self.tmp / "topicbus.sqlite3")
-        self.bot = Bot(TOKEN, base_url=self.fake.base_url, base_file_url=self.fake.base_file_url)
-        await self.bot.initialize()
+        self.app = (ApplicationBuilder().token(TOKEN).base_url(self.fake.base_url)
+                    .base_file_url(self.fake.base_file_url).updater(None).build())
+        await self.app.initialize()
+        await self.app.start()
+        self.bot = self.app.bot
         self.authority = await LeaseRepository(self.db).try_acquire(self.owner, self.clock.now_ms(), 8_000)
         assert self.authority is not None
         self.runtime = assemble_runtime(db=self.db, bot=self.bot, clock=self.clock, events=self.events,
                                         owner=self.owner, chat_id=CHAT, liveness=self.liveness,  # type: ignore[arg-type]
-                                        default_cleanup=self.cleanup, default_display_mode=DisplayMode.LETTERS)
+                                        default_cleanup=self.cleanup, default_display_mode=self.display_mode,
+                                        job_queue=self.app.job_queue)
         self.runtime.authority = self.authority
         await self.runtime.load_runtime_settings()
         if replay:
@@ -139,8 +146,12 @@ class LeaderEnv:
         if self.runtime is not None:
             await self.runtime.outbox.stop()
             await self.runtime.close()
-        if self.bot is not None:
-            await self.bot.shutdown()
+        if self.app is not None:
+            if self.runtime is not None and self.runtime.display is not None:
+                self.runtime.display.cancel_startup()
+            await self.app.stop()
+            await self.app.shutdown()
+            self.app = None
         if close_db and self.db is not None:
             await self.db.close()
             self.db = None
