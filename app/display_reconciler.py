@@ -55,6 +55,7 @@ class DisplayReconciler:
         self.settled = True
         self._startup_generation = 0
         self.edits = 0
+        self.passes = 0
 
     # --- startup stabilization ------------------------------------------------------------------
     def begin_startup(self) -> None:
@@ -116,8 +117,11 @@ class DisplayReconciler:
     async def reconcile(self) -> int:
         """One admitted, serialised pass; returns the number of titles changed. Never suppressed."""
         async with self._lock:
-            return await self._admission.run(str(uuid.uuid4()), "workspace.reconcile-display", [PROFILE],
-                                             self._pass)
+            try:
+                return await self._admission.run(str(uuid.uuid4()), "workspace.reconcile-display", [PROFILE],
+                                                 self._pass)
+            finally:
+                self.passes += 1
 
     async def _pass(self) -> int:
         authority = self._runtime.authority

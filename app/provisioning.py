@@ -39,6 +39,7 @@ class ProvisionRequest:
     kind: str  # 'leader' | 'follower'
     thread_name: str
     owner: OwnerRecord | None  # the routeable owner to record (None for the leader's own binding)
+    manual_name: str | None = None  # a fixed title that every display mode keeps
 
 
 class TopicProvisioner:
@@ -97,7 +98,7 @@ class TopicProvisioner:
             binding = Binding(
                 binding_key=identity.binding_key, kind=request.kind, host_id=identity.host_id, cwd=identity.cwd,
                 session=identity.session, slot=slot, chat_id=self._chat_id, thread_id=None, topic_state="deleted",
-                thread_name=request.thread_name, manual_name=None, display_title=None, inactive_since_ms=None,
+                thread_name=request.thread_name, manual_name=request.manual_name, display_title=None, inactive_since_ms=None,
                 offline_notified=False, created_at_ms=now, updated_at_ms=now,
             )
             await BindingRepository.insert_tx(tx, binding)

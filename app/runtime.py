@@ -37,6 +37,7 @@ from storage.journal import JournalRepository
 from storage.outbox import OutboxRepository
 from storage.runtime_settings import CLEANUP_POLICY, DISPLAY_MODE, RuntimeSettingsRepository
 
+CONTROL_TOPIC_TITLE = "topicbus control"
 OFFLINE_NOTICE = "⏸ This agent is offline. Your message is kept and will be delivered when it reconnects."
 
 
@@ -355,7 +356,8 @@ class LeaderRuntime:
     # --- the leader's own control topic -------------------------------------------------------------
     async def provision_control_topic(self, host_id: str) -> None:
         identity = WorkspaceIdentity(host_id="leader", cwd="", session="control")
-        request = ProvisionRequest(identity=identity, kind="leader", owner=None, thread_name="topicbus control")
+        request = ProvisionRequest(identity=identity, kind="leader", owner=None, thread_name=CONTROL_TOPIC_TITLE,
+                                   manual_name=CONTROL_TOPIC_TITLE)
         binding, created = await self.provisioner.provision(request, self.require_authority())
         self.control_binding_key = binding.binding_key
         self.control_thread_id = binding.thread_id

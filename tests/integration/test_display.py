@@ -1,0 +1,176 @@
+"""Topic titles: reference cases 47, 48, 56, debounce, mode changes and /forget (issue 5)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from app.protocol import Kind
+from app.runtime import DisplayModeRefused
+from app.settings import DisplayMode
+from tests.integration.leader_env import CHAT, LeaderEnv, fenced
+
+
+async def until(predicate, timeout: float = 5.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def titles(env: LeaderEnv) -> dict[int, str]:
+    return {t.thread_id: t.name for t in env.fake.topics(CHAT) if not t.deleted}
+
+
+def edits(env: LeaderEnv) -> list[tuple[int, str]]:
+    return [(c.params["message_thread_id"], c.params["name"]) for c in env.calls("editForumTopic") if c.status == 200]
+
+
+@pytest.fixture
+def titled(env: LeaderEnv) -> LeaderEnv:
+    env.display_mode = DisplayMode.DIRECTORY_TITLE
+    return env
+
+
+async def two_in_one_directory(env: LeaderEnv) -> tuple[dict, dict]:
+    x = await env.register("x", cwd="/work/extensions", name="one", pid=11)
+    y = await env.register("y", cwd="/work/extensions", name="two", pid=12)
+    await env.runtime.display.reconcile()
+    assert titles(env)[x["threadId"]] == f"Extensions {x['slot']}"
+    assert titles(env)[y["threadId"]] == f"Extensions {y['slot']}"
+    return x, y
+
+
+async def start_window(env: LeaderEnv, window_s: float = 0.3) -> None:
+    """What the leader does around polling start: suppress, then arm the one-shot deferred pass."""
+    env.runtime.display.begin_startup()
+    env.runtime.display.arm_startup(window_s)
+
+
+async def test_case47_returning_follower_within_window_means_no_edits(titled: LeaderEnv):
+    env = titled
+    await env.start()
+    x, y = await two_in_one_directory(env)
+    await env.restart()
+    await start_window(env)
+    env.fake.reset_calls()
+    await env.register("x2", cwd="/work/extensions", name="one", pid=21)
+    await env.register("y2", cwd="/work/extensions", name="two", pid=22)
+    await until(lambda: env.runtime.display.passes >= 1, what="deferred startup pass")
+    assert edits(env) == []
+
+
+async def test_case47_absent_follower_contracts_title_once_at_expiry(titled: LeaderEnv):
+    env = titled
+    await env.start()
+    x, y = await two_in_one_directory(env)
+    await env.restart()
+    await start_window(env)
+    env.fake.reset_calls()
+    await env.register("x2", cwd="/work/extensions", name="one", pid=21)
+    assert edits(env) == []  # suppressed during the window even though the roster changed
+    await until(lambda: env.runtime.display.passes >= 1, what="deferred startup pass")
+    assert edits(env) == [(x["threadId"], "Extensions")]
+
+
+async def test_case47_leader_stopped_before_expiry_edits_nothing(titled: LeaderEnv):
+    env = titled
+    await env.start()
+    await two_in_one_directory(env)
+    await env.restart()
+    await start_window(env, window_s=0.2)
+    env.fake.reset_calls()
+    await env.register("x2", cwd="/work/extensions", name="one", pid=21)
+    env.runtime.display.cancel_startup()  # what the leader's teardown does on stop
+    await asyncio.sleep(0.4)  # past the window: the cancelled one-shot must not fire
+    assert env.runtime.display.passes == 0 and edits(env) == []
+
+
+async def test_case48_partial_progress_is_kept_and_retry_edits_only_the_rest(titled: LeaderEnv):
+    env = titled
+    await env.start()
+    x = await env.register("x", cwd="/work/first", pid=11)
+    z = await env.register("z", cwd="/work/second", pid=13)
+    await env.runtime.display.reconcile()
+    assert (titles(env)[x["threadId"]], titles(env)[z["threadId"]]) == ("First", "Second")
+    env.fake.reset_calls()
+    env.fake.fail_next("editForumTopic", status=500, description="Internal Server Error",
+                       when=lambda p: p.get("message_thread_id") == z["threadId"])
+    with pytest.raises(Exception, match="failed"):
+        await env.runtime.set_display_mode(DisplayMode.LETTERS)
+    assert edits(env) == [(x["threadId"], x["slot"])]  # x's title is committed despite z's failure
+    env.fake.reset_calls()
+    assert await env.runtime.display.reconcile() == 1
+    assert edits(env) == [(z["threadId"], z["slot"])]  # the retry edits only the remainder
+
+
+async def test_case56_failed_start_cancels_stabilization_and_scheduling_resumes(titled: LeaderEnv):
+    env = titled
+    await env.start()
+    env.runtime.display.begin_startup()
+    env.runtime.display.schedule()
+    assert env.runtime.display.passes == 0
+    env.runtime.display.cancel_startup()  # polling failed to start
+    assert env.runtime.display.settled
+    env.runtime.display._debounce_s = 0.05
+    env.runtime.display.schedule()
+    await until(lambda: env.runtime.display.passes == 1, what="scheduled pass after a cancelled start")
+
+
+async def test_burst_of_registrations_is_one_debounced_pass(titled: LeaderEnv):
+    env = titled
+    await env.start()
+    env.runtime.display._debounce_s = 0.3
+    env.fake.reset_calls()
+    results = [await env.register(f"w{i}", cwd="/work/burst", name=f"n{i}", pid=100 + i) for i in range(10)]
+    await until(lambda: env.runtime.display.passes >= 1, what="debounced pass")
+    per_topic: dict[int, int] = {}
+    for thread, _ in edits(env):
+        per_topic[thread] = per_topic.get(thread, 0) + 1
+    assert env.runtime.display.passes == 1
+    assert all(n <= 1 for n in per_topic.values())
+    assert {titles(env)[r["threadId"]] for r in results} == {f"Burst {r['slot']}" for r in results}
+
+
+async def test_titles_already_right_are_never_edited(titled: LeaderEnv):
+    env = titled
+    await env.start()
+    await two_in_one_directory(env)
+    env.fake.reset_calls()
+    assert await env.runtime.display.reconcile() == 0
+    assert env.calls("editForumTopic") == []
+
+
+async def test_mode_change_refused_while_a_follower_lacks_the_capability(env: LeaderEnv):
+    await env.start()
+    await env.register("old-client", protocol={"version": 1, "build": "old", "capabilities": ["deliver-v1"]})
+    with pytest.raises(DisplayModeRefused):
+        await env.runtime.set_display_mode(DisplayMode.NAMES)
+    assert env.runtime.display_mode is DisplayMode.LETTERS
+    assert await env.runtime.runtime_settings.get("display_mode") is None
+
+
+async def test_mode_change_is_persisted_and_wins_after_restart(env: LeaderEnv):
+    await env.start()
+    r = await env.register("a", cwd="/work/alpha-beta", pid=5)
+    await env.runtime.set_display_mode(DisplayMode.DIRECTORY_SNAKE)
+    assert titles(env)[r["threadId"]] == "alpha_beta"
+    await env.restart()
+    assert env.runtime.display_mode is DisplayMode.DIRECTORY_SNAKE
+
+
+async def test_forget_slot_applies_the_cleanup_policy(env: LeaderEnv):
+    runtime = await env.start()
+    r = await env.register("gone", cwd="/work/gone", pid=77)
+    answer = await runtime.forget_slot(r["slot"])
+    assert "live follower" in answer and env.calls("deleteForumTopic") == []
+    runtime.registry.remove("gone")  # pruned from routing, death not provable
+    answer = await runtime.forget_slot(r["slot"].lower())
+    assert "deleted" in answer
+    assert env.fake.topic(CHAT, r["threadId"]).deleted
+    assert "already detached" in await runtime.forget_slot(r["slot"])
+    assert "control topic" in await runtime.forget_slot("A")
+    assert "No binding" in await runtime.forget_slot("Q")
