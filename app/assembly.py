@@ -17,6 +17,7 @@ from app.liveness import ProcessLiveness
 from app.logsetup import EventJournal
 from app.outbox import OutboundSender
 from app.provisioning import TopicProvisioner
+from app.rotation import SlotRotation
 from app.pruning import FollowerPruner
 from app.runtime import LeaderRuntime
 from app.settings import DisplayMode
@@ -45,6 +46,8 @@ def assemble_runtime(*, db: Database, bot: Bot, clock: Clock, events: EventJourn
                             departure=departure, outbox=outbox, liveness=liveness, events=events,
                             default_cleanup=default_cleanup, default_display_mode=default_display_mode,
                             leader_build=f"topicbus/{__version__}", admission=admission)
+    runtime.rotation = SlotRotation(db=db, bindings=bindings, admission=admission, gateway=gateway,
+                                    runtime=runtime, events=events, gate=provisioner.gate)
     runtime.display = DisplayReconciler(db=db, bindings=bindings, gateway=gateway, admission=admission,
                                         events=events, runtime=runtime, job_queue=job_queue)
     return runtime

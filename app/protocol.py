@@ -132,8 +132,8 @@ class DocumentMessage(_Strict):
             data = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
             raise ValueError("must be valid base64") from None
-        if len(data) > MAX_DOCUMENT_BYTES:
-            raise ValueError(f"must decode to at most {MAX_DOCUMENT_BYTES} bytes")
+        if not data or len(data) > MAX_DOCUMENT_BYTES:
+            raise ValueError(f"must decode to 1..{MAX_DOCUMENT_BYTES} bytes")
         return value
 
 

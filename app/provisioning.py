@@ -53,11 +53,11 @@ class TopicProvisioner:
         self._chat_id = chat_id
         self._display_mode = display_mode
         self._reserved_slots = reserved_slots or (lambda: set())
-        self._gate = asyncio.Lock()
+        self.gate = asyncio.Lock()
 
     async def provision(self, request: ProvisionRequest, authority: Authority) -> tuple[Binding, bool]:
         """Return the binding (with a live topic) and whether a topic was created."""
-        async with self._gate:
+        async with self.gate:
             key = request.identity.binding_key
             binding = await self._bindings.get(key)
             if binding is not None and binding.has_live_topic:

@@ -25,11 +25,12 @@ from app.protocol import (CAP_DISPLAY_TITLE, ErrorCode, Fenced, Kind, ProtocolEr
                           check_compatibility)
 from app.provisioning import ProvisionRequest, SlotUnavailable, TopicCreationFailed, TopicProvisioner
 from app.pruning import FollowerPruner
+from app.rotation import RotationBlocked, SlotRotation
 from app.registry import FollowerRecord, FollowerRegistry, Target
 from app.settings import DisplayMode
 from app.telegram_api import TelegramGateway
 from app.workspace import WorkspaceIdentity, default_thread_name
-from storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger
+from storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger, Scope
 from storage.bindings import BindingRepository, OwnerRecord
 from storage.cleanups import CleanupRepository
 from storage.db import Authority, AuthorityLost, Database
@@ -87,6 +88,7 @@ class LeaderRuntime:
         self.display_mode: DisplayMode = default_display_mode
         self._background: set[asyncio.Task[Any]] = set()
         self.display: DisplayReconciler | None = None
+        self.rotation: SlotRotation | None = None
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0, "registrations": 0}
 
     # --- authority --------------------------------------------------------------------------------
@@ -133,12 +135,19 @@ class LeaderRuntime:
         async def admitted() -> dict[str, Any]:
             return await self.mutations.run(f"profile:{key}", lambda: self._register(req, identity, connection))
 
-        try:
+        async def registration() -> dict[str, Any]:
             return await self.admission.run(
                 f"follower-registration:{req.instance_id}:{req.registration_generation}",
                 "workspace.register-follower", [PROFILE], admitted)
+
+        try:
+            if self.rotation is None:
+                return await registration()
+            return await self.rotation.run(registration)
         except AdmissionBlocked as exc:
             raise ProtocolError(ErrorCode.BLOCKED_BY_RETIREMENT, str(exc)) from None
+        except (SlotUnavailable, RotationBlocked) as exc:
+            raise ProtocolError(ErrorCode.SLOT_UNAVAILABLE, str(exc)) from None
 
     async def _register(self, req: Registration, identity: WorkspaceIdentity,
                         connection: FollowerConnection) -> dict[str, Any]:
@@ -155,8 +164,6 @@ class LeaderRuntime:
                                    thread_name=name or default_thread_name(identity, None))
         try:
             binding, created = await self.provisioner.provision(request, authority)
-        except SlotUnavailable as exc:
-            raise ProtocolError(ErrorCode.SLOT_UNAVAILABLE, str(exc)) from None
         except TopicCreationFailed as exc:
             raise ProtocolError(ErrorCode.TELEGRAM_ERROR, str(exc)) from None
         except AuthorityLost:
@@ -358,7 +365,14 @@ class LeaderRuntime:
         identity = WorkspaceIdentity(host_id="leader", cwd="", session="control")
         request = ProvisionRequest(identity=identity, kind="leader", owner=None, thread_name=CONTROL_TOPIC_TITLE,
                                    manual_name=CONTROL_TOPIC_TITLE)
-        binding, created = await self.provisioner.provision(request, self.require_authority())
+        authority = self.require_authority()
+
+        async def provision() -> tuple[Any, bool]:
+            return await self.admission.run(f"leader-provision:{authority.owner}", "workspace.provision-leader",
+                                            [Scope("chat", self.chat_id)],
+                                            lambda: self.provisioner.provision(request, authority))
+
+        binding, created = await (self.rotation.run(provision) if self.rotation is not None else provision())
         self.control_binding_key = binding.binding_key
         self.control_thread_id = binding.thread_id
         self.events.record("Control topic ready", phase="leader-provision", slot=binding.slot,
@@ -408,7 +422,7 @@ class LeaderRuntime:
                                 for c in await self.cleanups.all()],
             "pendingObservations": self.pending_observations(),
             "outboxPending": await self.outbox_repo.count_pending(),
-            "rotation": {"fence": None, "intents": []},
+            "rotation": await self.rotation.occupancy() if self.rotation is not None else None,
             "stats": dict(self.stats, delivered=self.hub.delivered, sent=self.outbox.sent),
         }
 

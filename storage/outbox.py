@@ -70,3 +70,7 @@ class OutboxRepository:
 
     async def count_pending(self) -> int:
         return int(await self._db.fetch_value("SELECT COUNT(*) FROM outbox WHERE status = 'pending'") or 0)
+
+    async def pending_binding_keys(self) -> set[str]:
+        rows = await self._db.fetch_all("SELECT DISTINCT binding_key FROM outbox WHERE status = 'pending'")
+        return {r["binding_key"] for r in rows}

@@ -104,6 +104,7 @@ class LeaderEnv:
         self.bot: Bot | None = None
         self.app: Application | None = None
         self.display_mode = DisplayMode.LETTERS
+        self.read_timeout = 5.0
         self.runtime: LeaderRuntime | None = None
         self.pruner: FollowerPruner | None = None
         self.authority: Authority | None = None
@@ -112,7 +113,7 @@ class LeaderEnv:
     async def start(self, *, provision_control: bool = True, replay: bool = True) -> LeaderRuntime:
         self.db = self.db or await Database.open(self.tmp / "topicbus.sqlite3")
         self.app = (ApplicationBuilder().token(TOKEN).base_url(self.fake.base_url)
-                    .base_file_url(self.fake.base_file_url).updater(None).build())
+                    .base_file_url(self.fake.base_file_url).updater(None).read_timeout(self.read_timeout).build())
         await self.app.initialize()
         await self.app.start()
         self.bot = self.app.bot

@@ -134,6 +134,7 @@ async def test_case9_registration_holds_profile_admission_through_publication(en
     fence = await runtime.admission.acquire_fence(operation_id="real", intent_id="i", binding_key="k", slot="Z",
                                                   chat_id=CHAT, thread_id=999, leader_epoch=1)
     assert not isinstance(fence, str)
+    assert await runtime.admission.set_phase(fence, "deletion-issued", from_phases=("fenced",))
     calls = hold.calls
     err = await env.register_error("inst-b", cwd="/repo/b")
     assert err.code is ErrorCode.BLOCKED_BY_RETIREMENT

@@ -1,0 +1,335 @@
+"""Workspace slot rotation: free a letter by retiring the binding that has been inactive longest.
+
+When a registration needs a new slot and all 26 letters are taken, :class:`SlotRotation` (the
+capacity runner) retires exactly one *eligible* binding — no live owner, no accepted work, no
+delivery route, and a durable inactivity proof — and retries the registration exactly once.
+
+The retirement is a durable, fenced lifecycle that survives a crash at any step:
+
+1. **intent** — the exact victim binding is written down (``retirement_intents``);
+2. **fence** — the admission ledger's single fence excludes every other workspace operation;
+3. **permit** — phase ``deletion-issued`` is recorded *before* the one ``deleteForumTopic``;
+4. **outcome** — deleted or already absent → ``commit-ready``; a proven Telegram rejection →
+   ``deletion-rejected`` → cancelled, binding kept; ambiguous (timeout, 5xx) → stays fenced;
+5. **commit** — binding, intent and fence removed in one transaction.
+
+Beyond the reference: a fence left in ``deletion-issued`` (a crash, or an ambiguous answer) is
+resolved on the next attempt by a *non-destructive* probe of that exact thread (a chat action):
+absent → commit, present → cancel, still unknown → stay fenced. So rotation never wedges for good
+and never deletes twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from app.logsetup import EventJournal
+from app.provisioning import SlotUnavailable
+from app.slots import (BlockedSlot, Evidence, ExternalEvidence, FreeSlot, LocalOccupancy, OccupancyBinding,
+                       Protection, capture_occupancy)
+from app.telegram_api import Outcome, TelegramGateway
+from storage.admission import AdmissionLedger, Fence
+from storage.bindings import Binding, BindingRepository
+from storage.db import Authority, Database
+from storage.journal import JournalRepository
+from storage.retirement import RetirementIntent, RetirementRepository
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RotationResult:
+    kind: str  # 'retired' | 'not-needed' | 'cancelled' | 'retained' | 'blocked'
+    reason: str = ""
+    slot: str | None = None
+    binding_key: str | None = None
+
+
+class RotationBlocked(Exception):
+    """No slot can be freed now; the message says why."""
+
+
+class SimulatedCrash(Exception):
+    """Raised by a test's checkpoint hook to stop a rotation at one step, as a SIGKILL would."""
+
+
+class SlotRotation:
+    def __init__(self, *, db: Database, bindings: BindingRepository, admission: AdmissionLedger,
+                 gateway: TelegramGateway, runtime: Any, events: EventJournal,
+                 gate: asyncio.Lock, checkpoint: Callable[[str], None] = lambda step: None):
+        self._db = db
+        self._bindings = bindings
+        self._admission = admission
+        self._gateway = gateway
+        self._runtime = runtime  # authority, clock, registry, hub, cleanups, outbox repo, chat id
+        self._events = events
+        self._gate = gate  # the provisioner's gate: no slot is claimed while a retirement runs
+        self._runner_gate = asyncio.Lock()
+        self._intents = RetirementRepository(db)
+        self._journal = JournalRepository(db)
+        self.checkpoint = checkpoint
+        self.retired = 0
+
+    # --- the capacity runner ----------------------------------------------------------------------
+    async def run(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run a slot-consuming operation; on slot pressure rotate once and retry exactly once."""
+        async with self._runner_gate:
+            if await self._unfinished():
+                # Finish (or give up on) an interrupted retirement first; whatever it says, the
+                # operation then runs once (a fence that is still there blocks it by admission).
+                await self.rotate(recovery=True)
+            try:
+                return await operation()
+            except SlotUnavailable:
+                pass
+            self._raise_unless_ok(await self.rotate())
+            return await operation()
+
+    def _raise_unless_ok(self, result: RotationResult) -> None:
+        if result.kind not in ("retired", "not-needed", "cancelled"):
+            raise RotationBlocked(f"Workspace slots A-Z are unavailable; rotation blocked ({result.reason}).")
+
+    async def _unfinished(self) -> bool:
+        return bool(await self._intents.all()) or await self._admission.fence() is not None
+
+    # --- one rotation -------------------------------------------------------------------------------
+    async def rotate(self, *, recovery: bool = False) -> RotationResult:
+        """Retire one eligible binding; with ``recovery`` only finish an interrupted retirement."""
+        async with self._gate:
+            authority = self._runtime.authority
+            if authority is None:
+                return RotationResult("retained", "authority-changed")
+            result = await self._rotate(authority, prepare=not recovery)
+            if result.kind == "cancelled" and result.reason == "probe-present" and not recovery:
+                # The earlier deletion never happened: start a fresh retirement in the same call.
+                result = await self._rotate(authority, prepare=True)
+            self._events.record("Slot rotation", phase="workspace-rotation", result=result.kind,
+                                reason=result.reason, slot=result.slot)
+            if result.kind == "retired":
+                self.retired += 1
+            return result
+
+    async def _rotate(self, authority: Authority, *, prepare: bool) -> RotationResult:
+        intents = await self._intents.all()
+        fence = await self._admission.fence()
+        if fence is not None and fence.owner != self._admission.owner:
+            fence = await self._admission.adopt(fence, authority.epoch)
+            if fence is None:
+                return RotationResult("retained", "fence-conflict")
+        if fence is not None and fence.phase == "deletion-rejected":
+            return await self._cancel(fence, authority)
+        if not intents and fence is not None:
+            if fence.phase == "commit-ready" and await self._bindings.get(fence.binding_key) is None:
+                await self._admission.remove_fence(fence, phases=("commit-ready",))
+                return RotationResult("retired", slot=fence.slot, binding_key=fence.binding_key)
+            if fence.phase == "fenced":
+                await self._admission.remove_fence(fence, phases=("fenced",))
+                return RotationResult("cancelled", "stale-fence")
+        if len(intents) > 1:
+            return RotationResult("blocked", "existing-intent-conflict")
+        intent = intents[0] if intents else None
+        if intent is None and not prepare:
+            return RotationResult("not-needed", "nothing-to-recover")
+        if intent is None:
+            prepared = await self._prepare(authority)
+            if isinstance(prepared, RotationResult):
+                return prepared
+            intent = prepared
+        return await self._execute(intent, fence, authority)
+
+    async def _prepare(self, authority: Authority) -> RetirementIntent | RotationResult:
+        snapshot, bindings = await self._snapshot(exclude_intent=None)
+        plan = snapshot.plan(self._runtime.clock.now_ms())
+        if isinstance(plan, FreeSlot):
+            return RotationResult("not-needed", "free-capacity")
+        if isinstance(plan, BlockedSlot):
+            return RotationResult("blocked", plan.reason)
+        victim = bindings[plan.candidate.binding_key]
+        intent = RetirementIntent(id=RetirementIntent.make_id(victim), binding_key=victim.binding_key,
+                                  binding=victim, slot=victim.slot or "", chat_id=victim.chat_id,
+                                  thread_id=victim.thread_id if victim.has_live_topic else None,
+                                  leader_epoch=authority.epoch, requested_at_ms=self._runtime.clock.now_ms())
+        async with self._db.write(authority) as tx:
+            current = await BindingRepository.get_tx(tx, victim.binding_key)
+            if current != victim:
+                return RotationResult("blocked", "state-changed")
+            await RetirementRepository.insert_tx(tx, intent)
+        self.checkpoint("intent-written")
+        return intent
+
+    async def _execute(self, intent: RetirementIntent, fence: Fence | None,
+                       authority: Authority) -> RotationResult:
+        if fence is not None and fence.retirement_intent_id != intent.id:
+            return RotationResult("retained", "fence-conflict")
+        if intent.leader_epoch != authority.epoch:
+            async with self._db.write(authority) as tx:
+                await RetirementRepository.set_epoch_tx(tx, intent.id, authority.epoch)
+        current = await self._bindings.get(intent.binding_key)
+        if current is None:
+            # The binding is already gone: a committed removal whose fence/intent cleanup was cut short.
+            await self._finish_commit(intent, fence, authority)
+            return RotationResult("retired", slot=intent.slot, binding_key=intent.binding_key)
+        if fence is None or fence.phase == "fenced":
+            if current != intent.binding or not await self._eligible(intent):
+                if fence is not None:
+                    await self._admission.remove_fence(fence, phases=("fenced",))
+                await self._drop_intent(intent, authority)
+                return RotationResult("retained", "protection-changed")
+            if fence is None:
+                acquired = await self._admission.acquire_fence(
+                    operation_id=str(uuid.uuid4()), intent_id=intent.id, binding_key=intent.binding_key,
+                    slot=intent.slot, chat_id=intent.chat_id, thread_id=intent.thread_id or 0,
+                    leader_epoch=authority.epoch)
+                if isinstance(acquired, str):
+                    return RotationResult("retained", acquired)
+                fence = acquired
+                self.checkpoint("fenced")
+                if not await self._eligible(intent):  # protection may have changed while fencing
+                    await self._admission.remove_fence(fence, phases=("fenced",))
+                    await self._drop_intent(intent, authority)
+                    return RotationResult("retained", "protection-changed")
+            if self._runtime.authority != authority:
+                return RotationResult("retained", "authority-changed")
+            issued = await self._admission.set_phase(fence, "deletion-issued", from_phases=("fenced",))
+            if issued is None:
+                return RotationResult("retained", "fence-conflict")
+            fence = issued
+            self.checkpoint("permit-issued")
+            outcome = await self._delete_once(intent)
+            self.checkpoint("delete-answered")
+        elif fence.phase == "deletion-issued":
+            outcome = await self._probe(intent)
+            if outcome == "present":
+                rejected = await self._admission.set_phase(fence, "deletion-rejected",
+                                                           from_phases=("deletion-issued",))
+                if rejected is None:
+                    return RotationResult("retained", "fence-conflict")
+                cancelled = await self._cancel(rejected, authority)
+                return RotationResult("cancelled", "probe-present") if cancelled.kind == "cancelled" else cancelled
+        else:
+            outcome = "absent" if fence.phase == "commit-ready" else "unknown"
+        if outcome == "absent":
+            ready = await self._admission.set_phase(fence, "commit-ready", from_phases=("deletion-issued",))
+            if ready is None:
+                return RotationResult("retained", "fence-conflict")
+            self.checkpoint("commit-ready")
+            await self._finish_commit(intent, ready, authority)
+            self._events.record("Workspace slot rotated", phase="workspace-rotation", slot=intent.slot,
+                                threadId=intent.thread_id)
+            return RotationResult("retired", slot=intent.slot, binding_key=intent.binding_key)
+        if outcome == "rejected":
+            rejected = await self._admission.set_phase(fence, "deletion-rejected", from_phases=("deletion-issued",))
+            if rejected is None:
+                return RotationResult("retained", "fence-conflict")
+            self.checkpoint("deletion-rejected")
+            cancelled = await self._cancel(rejected, authority)
+            return cancelled if cancelled.kind != "cancelled" else RotationResult("retained", "delete-rejected")
+        return RotationResult("retained", "delete-unconfirmed")
+
+    async def _delete_once(self, intent: RetirementIntent) -> str:
+        if intent.thread_id is None:
+            return "absent"  # the topic was already deleted (cleanup); nothing to ask Telegram
+        result = await self._gateway.delete_topic(intent.chat_id, intent.thread_id)
+        if result.outcome in (Outcome.OK, Outcome.GONE):
+            return "absent"
+        if result.outcome in (Outcome.REJECTED, Outcome.RETRY_AFTER, Outcome.NOT_MODIFIED):
+            return "rejected"
+        return "unknown"
+
+    async def _probe(self, intent: RetirementIntent) -> str:
+        """Non-destructive visibility probe of the exact thread whose deletion outcome is unknown."""
+        if intent.thread_id is None:
+            return "absent"
+        result = await self._gateway.send_chat_action(intent.chat_id, intent.thread_id, "typing")
+        answer = {Outcome.GONE: "absent", Outcome.OK: "present"}.get(result.outcome, "unknown")
+        self._events.record("Probed a topic whose deletion outcome was unknown", phase="workspace-rotation-probe",
+                            threadId=intent.thread_id, answer=answer)
+        return answer
+
+    async def _finish_commit(self, intent: RetirementIntent, fence: Fence | None, authority: Authority) -> None:
+        async with self._db.write(authority) as tx:
+            await tx.execute("DELETE FROM workspace_bindings WHERE binding_key = ?", (intent.binding_key,))
+            await RetirementRepository.remove_tx(tx, intent.id)
+            if fence is not None:
+                await self._admission.remove_fence_tx(tx, fence, phases=("commit-ready", "deletion-issued"))
+
+    async def _cancel(self, fence: Fence, authority: Authority) -> RotationResult:
+        """A proven rejection: withdraw the intent and release the fence; the binding is kept."""
+        async with self._db.write(authority) as tx:
+            await tx.execute("DELETE FROM retirement_intents WHERE id = ?", (fence.retirement_intent_id,))
+            removed = await self._admission.remove_fence_tx(tx, fence, phases=("deletion-rejected",))
+        if not removed:
+            return RotationResult("retained", "fence-release-unconfirmed")
+        self._events.record("Slot retirement cancelled after Telegram refused the deletion",
+                            phase="workspace-rotation", slot=fence.slot, threadId=fence.thread_id)
+        return RotationResult("cancelled", "delete-rejected", slot=fence.slot, binding_key=fence.binding_key)
+
+    async def _drop_intent(self, intent: RetirementIntent, authority: Authority) -> None:
+        async with self._db.write(authority) as tx:
+            await RetirementRepository.remove_tx(tx, intent.id)
+
+    # --- occupancy ---------------------------------------------------------------------------------
+    async def _eligible(self, intent: RetirementIntent) -> bool:
+        snapshot, _ = await self._snapshot(exclude_intent=intent.id)
+        candidate = next((c for c in snapshot.candidates if c.binding_key == intent.binding_key), None)
+        return candidate is not None and candidate.protection is Protection.ELIGIBLE
+
+    async def _snapshot(self, exclude_intent: str | None):
+        rt = self._runtime
+        bindings = {b.binding_key: b for b in await self._bindings.all()}
+        owners = {o.binding_key for o in await self._bindings.owners()}
+        followers = rt.registry.list()
+        live_keys = {f.binding_key for f in followers if f.binding_key}
+        current = [b for b in bindings.values() if b.binding_key in owners or b.binding_key in live_keys
+                   or b.kind == "leader"]
+        cleanups = await rt.cleanups.all()
+        cleanup_keys = {c.binding_key for c in cleanups}
+        intents = [i for i in await self._intents.all() if i.id != exclude_intent]
+        queued = await self._journal.count_pending()
+        outbox_keys = await rt.outbox_repo.pending_binding_keys()
+        local = LocalOccupancy(
+            current_targets={_target(b) for b in current},
+            current_slots={b.slot for b in current if b.slot},
+            pending_cleanup_targets={(c.chat_id, c.thread_id) for c in cleanups},
+            pending_cleanup_slots={b.slot for b in bindings.values() if b.binding_key in cleanup_keys and b.slot},
+            retirement_binding_keys={i.binding_key for i in intents},
+            retirement_slots={i.slot for i in intents},
+        )
+
+        def external(ob: OccupancyBinding) -> ExternalEvidence:
+            key = ob.binding_key
+            owner = Evidence.PROTECTED if key in owners or key in live_keys else Evidence.CLEAR
+            work = Evidence.PROTECTED if queued.get(key) or key in outbox_keys else Evidence.CLEAR
+            route = Evidence.PROTECTED if rt.hub.is_online(key) else Evidence.CLEAR
+            return ExternalEvidence(live_owner=owner, accepted_work=work, delivery_authority=route)
+
+        fence = await self._admission.fence()
+        snapshot = capture_occupancy(
+            [OccupancyBinding(b.binding_key, b.slot, _target(b), b.inactive_since_ms) for b in bindings.values()],
+            local, external, rt.clock.now_ms(), [fence.slot] if fence else [])
+        return snapshot, bindings
+
+    async def occupancy(self) -> dict[str, Any]:
+        """For status: slots in use, inactive bindings in rotation order, and the fence."""
+        snapshot, bindings = await self._snapshot(exclude_intent=None)
+        order = sorted((c for c in snapshot.candidates if c.inactive_since_ms is not None),
+                       key=lambda c: (c.inactive_since_ms, c.slot))
+        fence = await self._admission.fence()
+        return {
+            "slotsUsed": sum(1 for b in bindings.values() if b.slot),
+            "slotsFree": 26 - sum(1 for b in bindings.values() if b.slot),
+            "rotationOrder": [{"slot": c.slot.upper(), "inactiveSinceMs": c.inactive_since_ms,
+                               "protection": str(c.protection)} for c in order],
+            "fence": None if fence is None else {"slot": fence.slot, "phase": fence.phase,
+                                                 "threadId": fence.thread_id},
+            "intents": [{"slot": i.slot, "bindingKey": i.binding_key} for i in await self._intents.all()],
+            "retired": self.retired,
+        }
+
+
+def _target(b: Binding) -> tuple[int, int]:
+    return (b.chat_id, b.thread_id or 0)

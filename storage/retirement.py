@@ -1,0 +1,57 @@
+"""Retirement intents: the durable "this exact inactive binding is being retired" fact."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from storage.bindings import Binding
+from storage.db import Database, Transaction
+
+
+@dataclass(frozen=True)
+class RetirementIntent:
+    id: str
+    binding_key: str
+    binding: Binding  # exact snapshot of the victim binding when the intent was made
+    slot: str
+    chat_id: int
+    thread_id: int | None
+    leader_epoch: int
+    requested_at_ms: int
+
+    @staticmethod
+    def make_id(binding: Binding) -> str:
+        return f"workspace-retirement:pressure:{binding.binding_key}:{binding.slot}:{binding.inactive_since_ms}"
+
+
+class RetirementRepository:
+    def __init__(self, db: Database):
+        self._db = db
+
+    async def all(self) -> list[RetirementIntent]:
+        rows = await self._db.fetch_all("SELECT * FROM retirement_intents ORDER BY requested_at_ms, id")
+        return [_intent(r) for r in rows]
+
+    @staticmethod
+    async def insert_tx(tx: Transaction, intent: RetirementIntent) -> None:
+        await tx.execute(
+            """INSERT INTO retirement_intents (id, binding_key, binding_snapshot, slot, chat_id, thread_id,
+                   leader_epoch, requested_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+            (intent.id, intent.binding_key, json.dumps(asdict(intent.binding)), intent.slot, intent.chat_id,
+             intent.thread_id if intent.thread_id is not None else 0, intent.leader_epoch, intent.requested_at_ms))
+
+    @staticmethod
+    async def remove_tx(tx: Transaction, intent_id: str) -> bool:
+        return await tx.execute("DELETE FROM retirement_intents WHERE id = ?", (intent_id,)) > 0
+
+    @staticmethod
+    async def set_epoch_tx(tx: Transaction, intent_id: str, epoch: int) -> None:
+        await tx.execute("UPDATE retirement_intents SET leader_epoch = ? WHERE id = ?", (epoch, intent_id))
+
+
+def _intent(row) -> RetirementIntent:
+    snapshot = Binding(**json.loads(row["binding_snapshot"]))
+    return RetirementIntent(id=row["id"], binding_key=row["binding_key"], binding=snapshot, slot=row["slot"],
+                            chat_id=row["chat_id"], thread_id=row["thread_id"] or None,
+                            leader_epoch=row["leader_epoch"], requested_at_ms=row["requested_at_ms"])
