@@ -16,6 +16,16 @@ def render_board(snapshot: dict[str, Any]) -> str:
                      f"queued {b['queued']}")
     if not snapshot["bindings"]:
         lines.append("(no bindings yet)")
+    rotation = snapshot.get("rotation")
+    if rotation:
+        line = f"slots {rotation['slotsUsed']}/26 used"
+        order = [r for r in rotation["rotationOrder"] if r["protection"] == "eligible"]
+        if order:
+            line += " · rotates next: " + ", ".join(r["slot"] for r in order[:5])
+        lines.append(line)
+        if rotation.get("fence"):
+            fence = rotation["fence"]
+            lines.append(f"retirement fence: slot {fence['slot']} thread {fence['threadId']} phase {fence['phase']}")
     pending = snapshot.get("pendingCleanups") or []
     if pending:
         lines.append(f"pending cleanups: {len(pending)}")
