@@ -218,7 +218,7 @@ def prometheus(lines: dict[str, float | int], help_text: dict[str, str]) -> str:
         base = name.split("{", 1)[0]
         if base in help_text:
             out.append(f"# HELP {base} {help_text[base]}")
-            out.append(f"# TYPE {base} gauge")
+            out.append(f"# TYPE {base} {'counter' if base.endswith('_total') else 'gauge'}")
         out.append(f"{name} {value}")
     return "\n".join(out) + "\n"
 

@@ -89,11 +89,17 @@ def cmd_leader() -> int:
     configure_logging(level=settings.log_level, json=settings.log_json, secrets=settings.secrets())
     from app.leader import FatalLeaderError, LeaderProcess
 
+    from storage.db import StorageUnavailable
+    from storage.migrate import MigrationError
+
     async def main(stop: asyncio.Event) -> int:
         try:
             return await LeaderProcess(settings).run(stop)
         except FatalLeaderError as exc:
             print(f"topicbus: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        except (StorageUnavailable, MigrationError) as exc:
+            print(f"topicbus: database {settings.db_path}: {exc}", file=sys.stderr)
             return EXIT_CONFIG
 
     return _run_with_signals(main)
@@ -141,8 +147,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         from app.status import render_text
 
-        print(render_text(snapshot) if "bindings" in snapshot and "followers" in snapshot
-              else json.dumps(snapshot))
+        print(render_text(snapshot))
     return 0
 
 

@@ -26,7 +26,10 @@ from app.liveness import ProcessLiveness, current_host_id
 from app.logsetup import EventJournal
 from app.outbox import OutboundSender
 from app.poller import UpdatePoller
+from app.provisioning import SlotUnavailable, TopicCreationFailed
 from app.pruning import FollowerPruner
+from app.rotation import RotationBlocked
+from storage.admission import AdmissionBlocked
 from app.runtime import LeaderRuntime
 from app.settings import Settings
 from storage.db import Authority, Database
@@ -35,6 +38,9 @@ from storage.lease import LeaseRepository
 STANDBY_POLL_S = 0.5
 PRUNE_JOB_ID = "topicbus.prune"
 LEASE_JOB_ID = "topicbus.lease"
+PURGE_JOB_ID = "topicbus.purge"
+PURGE_INTERVAL_S = 3600
+HISTORY_KEEP_MS = 7 * 24 * 3600 * 1000  # delivered/sent rows are kept a week for diagnosis
 
 
 class FatalLeaderError(Exception):
@@ -54,6 +60,9 @@ class LeaderProcess:
             status=self._status, metrics=self._metrics)
 
     async def run(self, stop: asyncio.Event) -> int:
+        if self.settings.bus_secret is None or not self.settings.bus_secret.get_secret_value():
+            logger.bind(phase="startup").warning(
+                "TOPICBUS_BUS_SECRET is not set: the bus refuses every follower until it is configured")
         db = await Database.open(self.settings.db_path)
         leases = LeaseRepository(db)
         bind_task = asyncio.create_task(self.server.start_with_retry(stop), name="bus-bind")
@@ -184,7 +193,9 @@ class LeadershipTerm:
             if done or failed:
                 self.events.record("Replayed pending cleanups", phase="cleanup-replay", completed=done,
                                    pending=failed)
-            await runtime.provision_control_topic(host_id)
+            await self._provision_control_topic(runtime, stop)
+            if stop.is_set() or self.lost.is_set():
+                return self.lost.is_set()
             outbox.start()
             self.pruner = assemble_pruner(runtime, clock=self.clock, stale_after_ms=s.follower_stale_after_ms,
                                           events=self.events)
@@ -193,12 +204,29 @@ class LeadershipTerm:
                              name=PRUNE_JOB_ID, job_kwargs={"id": PRUNE_JOB_ID, "replace_existing": True,
                                                             "coalesce": True, "max_instances": 1,
                                                             "misfire_grace_time": None})
+            jq.run_repeating(self._purge, interval=PURGE_INTERVAL_S, first=60, name=PURGE_JOB_ID,
+                             job_kwargs={"id": PURGE_JOB_ID, "replace_existing": True, "coalesce": True,
+                                         "max_instances": 1})
             self.server.publish(runtime, self.authority.epoch)
             self.poller.start()
             await self._wait_until_done(stop)
         finally:
             await self._teardown(app, outbox, runtime)
         return self.lost.is_set()
+
+    async def _provision_control_topic(self, runtime: LeaderRuntime, stop: asyncio.Event) -> None:
+        """The control topic is needed before followers are accepted; retry until Telegram allows it."""
+        delay = 1.0
+        while not stop.is_set() and not self.lost.is_set():
+            try:
+                await runtime.provision_control_topic()
+                return
+            except (TopicCreationFailed, SlotUnavailable, RotationBlocked, AdmissionBlocked) as exc:
+                logger.bind(phase="leader-provision").error(
+                    "cannot provision the control topic: {} — check that the bot is an admin with Manage Topics "
+                    "in a forum chat; retrying in {:.0f}s", exc, delay)
+            await _wait_any(stop, self.lost, delay)
+            delay = min(delay * 2, 60.0)
 
     async def _initialize(self, app: Application, stop: asyncio.Event) -> None:
         delay = 0.5
@@ -237,6 +265,12 @@ class LeadershipTerm:
             self.lost.set()
             if self.runtime is not None:
                 self.runtime.authority = None
+
+    async def _purge(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        if self.runtime is not None:
+            journal, outbox = await self.runtime.purge_history(HISTORY_KEEP_MS)
+            if journal or outbox:
+                logger.bind(phase="purge").info("purged {} delivered messages and {} sent outputs", journal, outbox)
 
     async def _prune(self, context: ContextTypes.DEFAULT_TYPE) -> None:
         if self.pruner is not None:

@@ -306,11 +306,21 @@ class LeaderRuntime:
             self.stats["duplicates"] += 1
             return RouteResult(False, "duplicate")
         self.stats["routed"] += 1
-        if self.hub.is_online(binding.binding_key):
+        if self.is_deliverable(binding.binding_key):
             await self.hub.kick(binding.binding_key)
         else:
             await self._notify_offline(binding.binding_key, authority)
         return RouteResult(True, "journaled", item.delivery_id)
+
+    def is_deliverable(self, binding_key: str) -> bool:
+        """A registered (not pruned) follower with an open socket owns this binding."""
+        return self.hub.is_online(binding_key) and any(
+            f.binding_key == binding_key for f in self.registry.list())
+
+    async def purge_history(self, keep_ms: int) -> tuple[int, int]:
+        """Drop delivered journal items and sent output older than ``keep_ms``."""
+        cutoff = self.clock.now_ms() - keep_ms
+        return await self.journal.purge_delivered(cutoff), await self.outbox_repo.purge_sent(cutoff)
 
     async def _notify_offline(self, binding_key: str, authority: Authority) -> None:
         async with self.db.write(authority) as tx:
@@ -361,7 +371,7 @@ class LeaderRuntime:
         self.events.record("Cleanup policy changed", phase="settings", cleanup=enabled)
 
     # --- the leader's own control topic -------------------------------------------------------------
-    async def provision_control_topic(self, host_id: str) -> None:
+    async def provision_control_topic(self) -> None:
         identity = WorkspaceIdentity(host_id="leader", cwd="", session="control")
         request = ProvisionRequest(identity=identity, kind="leader", owner=None, thread_name=CONTROL_TOPIC_TITLE,
                                    manual_name=CONTROL_TOPIC_TITLE)

@@ -115,8 +115,6 @@ class Settings(BaseSettings):
             problems.append(f"{ENV_PREFIX}CHAT_ID: required (forum supergroup id, or the owner's user id)")
         if not self.owner_ids:
             problems.append(f"{ENV_PREFIX}OWNER_IDS: required (comma-separated Telegram user ids)")
-        if self.bus_secret is None or not self.bus_secret.get_secret_value():
-            problems.append(f"{ENV_PREFIX}BUS_SECRET: required (the shared secret followers present)")
         return problems
 
     @property

@@ -7,14 +7,16 @@ from typing import Any
 
 def render_board(snapshot: dict[str, Any]) -> str:
     """A compact, readable board: one line per slot."""
-    lines = [f"topicbus · {snapshot['role']} · epoch {snapshot['epoch']} · cleanup "
-             f"{snapshot['cleanupPolicy']} · mode {snapshot['displayMode']}"]
-    for b in snapshot["bindings"]:
+    lines = [f"topicbus · {snapshot.get('role', '?')} · epoch {snapshot.get('epoch', '?')} · cleanup "
+             f"{snapshot.get('cleanupPolicy', '?')} · mode {snapshot.get('displayMode', '?')}"]
+    if snapshot.get("role") in ("standby", "starting", "stopping"):
+        lines.append("(this process is not serving as leader right now; no live view)")
+    for b in snapshot.get("bindings", []):
         age = b.get("heartbeatAgeMs")
         age_text = f"{age / 1000:.1f}s" if isinstance(age, int | float) else "—"
         lines.append(f"{b.get('slot') or '·'}  {b['title'][:40]:<40}  {b['state']:<9} hb {age_text:>6}  "
                      f"queued {b['queued']}")
-    if not snapshot["bindings"]:
+    if not snapshot.get("bindings"):
         lines.append("(no bindings yet)")
     rotation = snapshot.get("rotation")
     if rotation:
@@ -38,9 +40,9 @@ def render_board(snapshot: dict[str, Any]) -> str:
 def render_text(snapshot: dict[str, Any]) -> str:
     """``topicbus status`` without ``--json``."""
     out = [render_board(snapshot), "", "followers:"]
-    for f in snapshot["followers"]:
+    for f in snapshot.get("followers", []):
         out.append(f"  {f['slot'] or '·'}  {f['instanceId']}  pid {f['pid']}  thread {f['threadId']}  "
                    f"hb {f['heartbeatAgeMs'] / 1000:.1f}s ago  {f['workspace']}")
-    if not snapshot["followers"]:
+    if not snapshot.get("followers"):
         out.append("  (none)")
     return "\n".join(out)

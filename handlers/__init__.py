@@ -10,6 +10,6 @@ from handlers import control, topic_events, topic_messages
 
 
 def register_all(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozenset[int]) -> None:
-    topic_events.register(app, runtime, chat_id=chat_id)
+    topic_events.register(app, runtime, chat_id=chat_id, owner_ids=owner_ids)
     control.register(app, runtime, chat_id=chat_id, owner_ids=owner_ids)
     topic_messages.register(app, runtime, chat_id=chat_id, owner_ids=owner_ids)

@@ -8,7 +8,7 @@ from telegram import Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
 
-def register(app: Application, runtime: Any, *, chat_id: int) -> None:
+def register(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozenset[int]) -> None:
     async def topic_event(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.message
         if message is None or message.message_thread_id is None:
@@ -17,7 +17,9 @@ def register(app: Application, runtime: Any, *, chat_id: int) -> None:
             await runtime.topic_state_changed(message.chat_id, message.message_thread_id, "closed")
         elif message.forum_topic_reopened is not None:
             await runtime.topic_state_changed(message.chat_id, message.message_thread_id, "open")
-        elif message.forum_topic_edited is not None and message.forum_topic_edited.name:
+        elif (message.forum_topic_edited is not None and message.forum_topic_edited.name
+              and message.from_user is not None and message.from_user.id in owner_ids):
+            # Only an owner's rename becomes the topic's manual name; others' renames are not adopted.
             await runtime.topic_renamed(message.chat_id, message.message_thread_id, message.forum_topic_edited.name)
 
     app.add_handler(MessageHandler(

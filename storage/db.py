@@ -49,7 +49,10 @@ class Database:
     @classmethod
     async def open(cls, path: str | Path) -> Database:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageUnavailable(f"cannot create the directory {path.parent}: {exc.strerror}") from None
         version = await asyncio.to_thread(_migrate_file, path)
         logger.debug("database {} at schema version {}", path.name, version)
         conn = await aiosqlite.connect(str(path), isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)

@@ -74,3 +74,7 @@ class OutboxRepository:
     async def pending_binding_keys(self) -> set[str]:
         rows = await self._db.fetch_all("SELECT DISTINCT binding_key FROM outbox WHERE status = 'pending'")
         return {r["binding_key"] for r in rows}
+
+    async def purge_sent(self, older_than_ms: int) -> int:
+        async with self._db.write() as tx:
+            return await tx.execute("DELETE FROM outbox WHERE status = 'sent' AND sent_at_ms < ?", (older_than_ms,))

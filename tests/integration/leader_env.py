@@ -128,7 +128,7 @@ class LeaderEnv:
         if replay:
             await self.runtime.departure.replay(self.authority)
         if provision_control:
-            await self.runtime.provision_control_topic(HOST)
+            await self.runtime.provision_control_topic()
         self.pruner = assemble_pruner(self.runtime, clock=self.clock, stale_after_ms=self.stale_after_ms,
                                       events=self.events)
         self.pruner.begin()

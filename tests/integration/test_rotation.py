@@ -196,3 +196,87 @@ async def test_crash_at_each_rotation_step_recovers_without_second_delete(fake, 
         assert await env.runtime.admission.fence() is None
     finally:
         await env.stop()
+
+
+async def test_case14_leader_provisioning_holds_a_chat_scoped_lease(fake, tmp_path):
+    env = LeaderEnv(fake, tmp_path)
+    seen: dict = {}
+
+    async def during_create(params):
+        seen["leases"] = [(lease.operation_kind, lease.scope) for lease in await env.runtime.admission.leases()]
+        seen["fence"] = await env.runtime.admission.acquire_fence(
+            operation_id="probe", intent_id="i", binding_key="k", slot="Z", chat_id=CHAT, thread_id=999,
+            leader_epoch=1)
+
+    from tests.integration.leader_env import Hold
+
+    Hold(fake, "createForumTopic", before=during_create).release.set()
+    try:
+        await env.start()
+        assert seen["leases"] == [("workspace.provision-leader", f"chat:{CHAT}")]
+        assert seen["fence"] == "admission-active"
+        assert await env.runtime.admission.leases() == []
+        assert await env.runtime.display.reconcile() == 0
+    finally:
+        await env.stop()
+
+
+async def test_case15_a_retained_fence_blocks_every_workspace_mutation(off: LeaderEnv):
+    from app.settings import DisplayMode
+    from storage.admission import AdmissionBlocked
+
+    env = off
+    runtime = await env.start()
+    r = await env.register("a", cwd="/a", pid=1)
+    runtime.registry.remove("a")  # pruned: /forget would otherwise refuse before admission
+    fence = await runtime.admission.acquire_fence(operation_id="f", intent_id="i", binding_key="k", slot="Z",
+                                                  chat_id=CHAT, thread_id=999, leader_epoch=env.authority.epoch)
+    await runtime.admission.set_phase(fence, "deletion-issued", from_phases=("fenced",))
+    env.fake.reset_calls()
+    for attempt in (runtime.display.reconcile, lambda: runtime.set_display_mode(DisplayMode.NAMES),
+                    lambda: runtime.forget_slot(r["slot"])):
+        with pytest.raises(AdmissionBlocked, match="blocked by retirement"):
+            await attempt()
+    assert [c.method for c in env.fake.calls] == []
+
+
+async def test_case19_32_rejection_interrupted_before_cancellation_is_finished_by_the_successor(off: LeaderEnv):
+    env = off
+    await env.start()
+    olds = await fill(env)
+    env.fake.fail_next("deleteForumTopic", status=429, retry_after=1)
+
+    def crash(at: str) -> None:
+        if at == "deletion-rejected":
+            raise SimulatedCrash(at)
+
+    env.runtime.rotation.checkpoint = crash
+    with pytest.raises(SimulatedCrash):
+        await env.register("newcomer", cwd="/new/work", pid=5000)
+    fence = await env.runtime.admission.fence()
+    assert fence.phase == "deletion-rejected"
+    await env.restart()  # the successor's recovery cancels: fence and intent gone, binding kept
+    assert await env.runtime.admission.fence() is None
+    assert await env.runtime.rotation._intents.all() == []
+    assert (await env.binding("/old/00")).thread_id == olds[0]["threadId"]
+    assert len(deletes(env)) == 1  # the rejected request only; nothing replayed
+
+
+async def test_case21_authority_is_rechecked_before_the_deletion_permit(off: LeaderEnv):
+    from storage.db import Authority
+
+    env = off
+    await env.start()
+    await fill(env)
+    runtime = env.runtime
+
+    def lose_lease(at: str) -> None:
+        if at == "fenced":
+            runtime.authority = Authority("successor", env.authority.epoch + 1)
+
+    runtime.rotation.checkpoint = lose_lease
+    err = await env.register_error("newcomer", cwd="/new/work", pid=5000)
+    assert "authority-changed" in err.message or err.code is ErrorCode.NOT_LEADER
+    assert deletes(env) == []
+    fence = await runtime.admission.fence()
+    assert fence is None or fence.phase == "fenced"  # never issued
