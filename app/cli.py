@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import urllib.error
@@ -15,6 +16,9 @@ from app import __version__
 from app.settings import ENV_PREFIX, ConfigurationError, Settings, load_settings
 
 EXIT_CONFIG = 2
+
+# python-telegram-bot reports durations (RetryAfter.retry_after) as timedelta with this set.
+os.environ.setdefault("PTB_TIMEDELTA", "true")
 
 DESCRIPTION = """\
 topicbus — one Telegram bot, many live agent processes, one forum topic each.

@@ -163,15 +163,14 @@ class DisplayReconciler:
         return changed
 
     def _live_keys(self) -> set[str]:
-        keys = {f.binding_key for f in self._runtime.registry.list() if f.binding_key}
-        if self._runtime.control_binding_key:
-            keys.add(self._runtime.control_binding_key)
-        return keys
+        return self._runtime.live_binding_keys()
 
     def _authority_for(self, binding: Binding) -> _EditAuthority | None:
         if binding.binding_key == self._runtime.control_binding_key:
             return _EditAuthority(None, None)
         for follower in self._runtime.registry.list():
+            if follower.instance_id in self._runtime.restored:
+                continue
             if follower.binding_key == binding.binding_key and follower.target is not None \
                     and follower.target.thread_id == binding.thread_id:
                 return _EditAuthority(follower.instance_id, follower.registration_generation)

@@ -197,6 +197,7 @@ class LeadershipTerm:
             if stop.is_set() or self.lost.is_set():
                 return self.lost.is_set()
             outbox.start()
+            await runtime.restore_roster()
             self.pruner = assemble_pruner(runtime, clock=self.clock, stale_after_ms=s.follower_stale_after_ms,
                                           events=self.events)
             self.pruner.begin()

@@ -89,6 +89,7 @@ class LeaderRuntime:
         self._background: set[asyncio.Task[Any]] = set()
         self.display: DisplayReconciler | None = None
         self.rotation: SlotRotation | None = None
+        self.restored: set[str] = set()  # instance ids restored from the store, not re-registered yet
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0, "registrations": 0}
 
     # --- authority --------------------------------------------------------------------------------
@@ -153,6 +154,7 @@ class LeaderRuntime:
                         connection: FollowerConnection) -> dict[str, Any]:
         authority = self.require_authority()
         self.forget_pending_observation(req.instance_id)
+        self.restored.discard(req.instance_id)
         key = identity.binding_key
         owner = OwnerRecord(binding_key=key, instance_id=req.instance_id,
                             registration_generation=req.registration_generation or "", pid=req.pid,
@@ -312,6 +314,15 @@ class LeaderRuntime:
             await self._notify_offline(binding.binding_key, authority)
         return RouteResult(True, "journaled", item.delivery_id)
 
+    def live_binding_keys(self) -> set[str]:
+        """Bindings with a follower that registered with this leader (restored ones do not count
+        until they return), plus the control topic."""
+        keys = {f.binding_key for f in self.registry.list()
+                if f.binding_key and f.instance_id not in self.restored}
+        if self.control_binding_key:
+            keys.add(self.control_binding_key)
+        return keys
+
     def is_deliverable(self, binding_key: str) -> bool:
         """A registered (not pruned) follower with an open socket owns this binding."""
         return self.hub.is_online(binding_key) and any(
@@ -369,6 +380,31 @@ class LeaderRuntime:
         await self.runtime_settings.set(CLEANUP_POLICY, "on" if enabled else "off", self.clock.now_ms(),
                                         self.require_authority())
         self.events.record("Cleanup policy changed", phase="settings", cleanup=enabled)
+
+    async def restore_roster(self) -> int:
+        """A new term: followers that owned topics under the previous leader are put back in the
+        registry with a fresh heartbeat clock. Those that come back re-register; those that do not
+        are pruned after the stale window and go through the same death proof as any other."""
+        now = self.clock.now_ms()
+        owners = {o.binding_key: o for o in await self.bindings.owners()}
+        restored = 0
+        for binding in await self.bindings.all():
+            owner = owners.get(binding.binding_key)
+            if owner is None or binding.kind != "follower" or not binding.has_live_topic:
+                continue
+            self.registry.register(FollowerRecord(
+                instance_id=owner.instance_id, registration_generation=owner.registration_generation,
+                pid=owner.pid, process_birth_id=owner.process_birth_id, host_id=owner.host_id,
+                profile_key=binding.binding_key, target=Target(binding.chat_id, binding.thread_id),
+                slot=binding.slot, cwd=binding.cwd or None, session=binding.session or None,
+                thread_name=binding.thread_name, binding_key=binding.binding_key,
+                connected_at_ms=now, last_heartbeat_ms=now))
+            self.restored.add(owner.instance_id)
+            restored += 1
+        if restored:
+            self.events.record("Restored the follower roster of the previous leader", phase="roster-restore",
+                               followers=restored)
+        return restored
 
     # --- the leader's own control topic -------------------------------------------------------------
     async def provision_control_topic(self) -> None:

@@ -101,3 +101,23 @@ async def test_stopped_but_alive_follower_is_pruned_and_never_deleted(cluster: C
     cluster.fake.push_message(CHAT_ID, "still there?", thread_id=thread, from_id=OWNER_ID)
     await cluster.wait_text(thread, "echo: still there?")
     assert cluster.fake.calls_to("deleteForumTopic") == []
+
+
+async def test_follower_that_died_while_the_leader_was_down_is_still_cleaned_up(cluster: Cluster, tmp_path):
+    leader = await cluster.start_leader()
+    await cluster.wait_polling()
+    work = tmp_path / "died-during-outage"
+    follower = await cluster.start_follower(work)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+
+    leader.kill(signal.SIGKILL)
+    await leader.wait()
+    os.killpg(follower.pid, signal.SIGKILL)
+    await follower.wait()
+
+    await cluster.start_leader()
+    await cluster.wait_polling()
+    await wait_state(cluster, work, "deleted")  # restored roster → stale → death proven → cleanup
+    deletes = [c for c in cluster.fake.calls_to("deleteForumTopic") if c.params.get("message_thread_id") == thread]
+    assert len(deletes) == 1

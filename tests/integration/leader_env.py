@@ -129,6 +129,7 @@ class LeaderEnv:
             await self.runtime.departure.replay(self.authority)
         if provision_control:
             await self.runtime.provision_control_topic()
+        await self.runtime.restore_roster()
         self.pruner = assemble_pruner(self.runtime, clock=self.clock, stale_after_ms=self.stale_after_ms,
                                       events=self.events)
         self.pruner.begin()
