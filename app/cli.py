@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Sequence
 
 from app import __version__
-from app.settings import ENV_PREFIX, ConfigurationError, Settings, load_settings
+from app.settings import ENV_PREFIX, ConfigurationError, Settings, load_settings, missing_leader_variables
 
 EXIT_CONFIG = 2
 
@@ -57,11 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings_or_exit() -> Settings:
+def _settings_or_exit(*, leader: bool = False) -> Settings:
     try:
         return load_settings()
     except ConfigurationError as exc:
-        _config_exit(exc.problems)
+        problems = list(exc.problems)
+        if leader:  # report missing required variables in the same run as invalid ones
+            named = {line.split(":", 1)[0] for line in problems}
+            problems += [line for line in missing_leader_variables() if line.split(":", 1)[0] not in named]
+        _config_exit(problems)
         raise  # unreachable
 
 
@@ -84,7 +88,7 @@ def _run_with_signals(main_coro_factory) -> int:
 
 
 def cmd_leader() -> int:
-    settings = _settings_or_exit()
+    settings = _settings_or_exit(leader=True)
     problems = settings.leader_problems()
     if problems:
         _config_exit(problems)

@@ -253,7 +253,10 @@ class LeadershipTerm:
             if self.poller is not None and self.poller.done:
                 if self.poller.fatal is not None:
                     raise FatalLeaderError("Telegram rejected TOPICBUS_BOT_TOKEN while polling")
-                break
+                if self.lost.is_set():
+                    break
+                logger.bind(phase="polling").error("the poller stopped unexpectedly; restarting it")
+                self.poller.start()
             await _wait_any(stop, self.lost, 0.5)
 
     async def _refresh_lease(self, context: ContextTypes.DEFAULT_TYPE) -> None:

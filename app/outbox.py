@@ -18,6 +18,7 @@ from storage.outbox import OutboxItem, OutboxRepository
 
 MAX_BACKOFF_S = 30.0
 IDLE_RESCAN_S = 5.0
+MAX_BROKEN_ATTEMPTS = 3
 
 TargetKey = tuple[int, int | None]
 
@@ -37,6 +38,7 @@ class OutboundSender:
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
         self.retry_after_hits = 0
+
 
     def wake(self) -> None:
         self._wake.set()
@@ -81,8 +83,10 @@ class OutboundSender:
                 pass
 
     async def _drain(self, key: TargetKey, group: list[OutboxItem]) -> None:
+        current: OutboxItem | None = None
         try:
             for item in group:
+                current = item
                 result = await self._send(item)
                 if result.ok:
                     await self._repo.mark_sent(item.id, self._clock_ms())
@@ -113,8 +117,14 @@ class OutboundSender:
                                     chatId=key[0], threadId=key[1], error=result.message)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - keep the sender alive; the item stays pending
+        except Exception as exc:  # noqa: BLE001 - keep the sender alive
             self._events.record(exc, phase="outbox-worker", level="ERROR", chatId=key[0], threadId=key[1])
+            failing = current
+            if failing is not None and failing.attempts + 1 >= MAX_BROKEN_ATTEMPTS:
+                # An item that cannot even be sent (not a Telegram answer) must not block its topic.
+                await self._repo.mark_failed(failing.id, f"unsendable: {type(exc).__name__}")
+            elif failing is not None:
+                await self._repo.note_attempt(failing.id, f"unsendable: {type(exc).__name__}")
             self._pause(key, 1.0)
         finally:
             if self._workers.get(key) is asyncio.current_task():

@@ -56,10 +56,10 @@ class UpdatePoller:
             try:
                 # The first request does not wait, so "polling started" is known at once.
                 timeout = 0 if first else self._timeout_s
-                updates = await bot.get_updates(
-                    offset=self._offset, timeout=timeout, allowed_updates=ALLOWED_UPDATES,
-                    read_timeout=timeout + 10,
-                )
+                raw_updates = await bot.do_api_request(
+                    "getUpdates", api_kwargs={"offset": self._offset, "timeout": timeout,
+                                              "allowed_updates": ALLOWED_UPDATES},
+                    read_timeout=timeout + 10)
             except InvalidToken as exc:
                 self.fatal = exc
                 logger.bind(phase="polling").error("Telegram rejected the bot token; polling stops")
@@ -78,16 +78,36 @@ class UpdatePoller:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
+            except Exception as exc:  # noqa: BLE001 - polling must never die on an odd answer
+                logger.bind(phase="polling").warning("getUpdates answer unusable ({}); retrying",
+                                                     type(exc).__name__)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
             backoff = 0.5
             if first:
                 first = False
                 if self._on_first_poll is not None:
                     self._on_first_poll()
-            for update in updates:
-                if not await self._process(update):
+            for raw in raw_updates if isinstance(raw_updates, list) else []:
+                update_id = raw.get("update_id") if isinstance(raw, dict) else None
+                if not isinstance(update_id, int):
+                    logger.bind(phase="polling").warning("skipped an update without an update_id")
+                    continue
+                update = self._parse(raw)
+                if update is not None and not await self._process(update):
                     return
-                self._offset = update.update_id + 1
+                self._offset = max(self._offset or 0, update_id + 1)
                 self.updates_seen += 1
+
+    def _parse(self, raw: dict) -> Update | None:
+        """One update at a time, so a malformed update is skipped instead of stalling the batch."""
+        try:
+            return Update.de_json(raw, self._app.bot)
+        except Exception as exc:  # noqa: BLE001 - malformed input is logged and confirmed away
+            logger.bind(phase="polling").warning("skipped malformed update {} ({})", raw.get("update_id"),
+                                                 type(exc).__name__)
+            return None
 
     async def handler_error(self, update: object, context: CallbackContext) -> None:
         """Application error handler: remember which update failed so ``_process`` retries it."""

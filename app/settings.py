@@ -110,11 +110,11 @@ class Settings(BaseSettings):
         """Problems that stop ``topicbus leader`` from starting (variables the leader requires)."""
         problems = []
         if self.bot_token is None or not self.bot_token.get_secret_value().strip():
-            problems.append(f"{ENV_PREFIX}BOT_TOKEN: required (the bot token from BotFather)")
+            problems.append(f"{ENV_PREFIX}BOT_TOKEN: {LEADER_REQUIRED['bot_token']}")
         if self.chat_id is None:
-            problems.append(f"{ENV_PREFIX}CHAT_ID: required (forum supergroup id, or the owner's user id)")
+            problems.append(f"{ENV_PREFIX}CHAT_ID: {LEADER_REQUIRED['chat_id']}")
         if not self.owner_ids:
-            problems.append(f"{ENV_PREFIX}OWNER_IDS: required (comma-separated Telegram user ids)")
+            problems.append(f"{ENV_PREFIX}OWNER_IDS: {LEADER_REQUIRED['owner_ids']}")
         return problems
 
     @property
@@ -139,6 +139,28 @@ def describe_validation_error(exc: ValidationError) -> list[str]:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
         lines.append(f"{ENV_PREFIX}{loc.upper()}: {msg}")
+    return lines
+
+
+LEADER_REQUIRED = {
+    "bot_token": "required (the bot token from BotFather)",
+    "chat_id": "required (forum supergroup id, or the owner's user id)",
+    "owner_ids": "required (comma-separated Telegram user ids)",
+}
+
+
+def missing_leader_variables(env_file: str | os.PathLike[str] | None = ".env") -> list[str]:
+    """Required leader variables absent from both the environment and ``env_file`` (for reporting
+    them together with validation errors, so an operator sees every problem at once)."""
+    from dotenv import dotenv_values
+
+    file_values = dotenv_values(env_file) if env_file and Path(env_file).is_file() else {}
+    lines = []
+    for field, why in LEADER_REQUIRED.items():
+        name = f"{ENV_PREFIX}{field.upper()}"
+        value = os.environ.get(name, file_values.get(name))
+        if value is None or not str(value).strip():
+            lines.append(f"{name}: {why}")
     return lines
 
 

@@ -204,3 +204,97 @@ class Cluster:
                 await asyncio.wait_for(p.process.wait(), 10)
             except TimeoutError:
                 pass
+
+
+# --- raw bus clients and a recording agent (fault and bad-input suites) -------------------------------
+
+# An agent that appends every stdin line to the file named by $AGENT_OUT (flushed per line).
+RECORDING_AGENT = textwrap.dedent("""
+    import os, sys
+    out = open(os.environ["AGENT_OUT"], "a", encoding="utf-8")
+    print("agent ready", flush=True)
+    for line in sys.stdin:
+        out.write(line)
+        out.flush()
+""")
+
+
+def recorded_lines(path: Path) -> list[str]:
+    """Lines a RECORDING_AGENT wrote so far (a missing file is no lines)."""
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def register_frame(cwd: str | None, **fields: Any) -> dict[str, Any]:
+    """A well-formed ``follower.register`` frame (fresh ids; override or add fields with ``fields``)."""
+    import uuid
+
+    from app.protocol import follower_identity
+
+    frame: dict[str, Any] = {
+        "kind": "follower.register", "requestId": f"reg-{uuid.uuid4().hex}", "instanceId": f"raw-{uuid.uuid4().hex}",
+        "registrationGeneration": uuid.uuid4().hex, "pid": None, "processBirthId": "raw-client",
+        "hostId": "raw-test-host", "protocol": follower_identity("e2e-raw"),
+    }
+    if cwd is not None:
+        frame["cwd"] = cwd
+    frame.update(fields)
+    return frame
+
+
+class RawBus:
+    """One authenticated WebSocket on the leader's bus, spoken frame by frame."""
+
+    def __init__(self, session: Any, ws: Any):
+        self.session = session
+        self.ws = ws
+
+    @classmethod
+    async def connect(cls, cluster: Cluster, secret: str = SECRET) -> RawBus:
+        import aiohttp
+
+        session = aiohttp.ClientSession()
+        try:
+            ws = await session.ws_connect(f"ws://127.0.0.1:{cluster.port}/v1/bus", autoping=True,
+                                          headers={"Authorization": f"Bearer {secret}"}, max_msg_size=0)
+        except BaseException:
+            await session.close()
+            raise
+        return cls(session, ws)
+
+    async def send(self, frame: dict[str, Any] | str) -> None:
+        await self.ws.send_str(frame if isinstance(frame, str) else json.dumps(frame))
+
+    async def recv(self, timeout: float = 10.0) -> dict[str, Any]:
+        """The next text frame as JSON; AssertionError when the socket closes or nothing comes."""
+        import aiohttp
+
+        msg = await asyncio.wait_for(self.ws.receive(), timeout)
+        if msg.type != aiohttp.WSMsgType.TEXT:
+            raise AssertionError(f"expected a text frame, got {msg.type!r} (close code {self.ws.close_code})")
+        return json.loads(msg.data)
+
+    async def request(self, frame: dict[str, Any] | str, timeout: float = 10.0) -> dict[str, Any]:
+        await self.send(frame)
+        return await self.recv(timeout)
+
+    async def register(self, cwd: str | None, **fields: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Register; returns (the frame sent, the ack's result). Fails unless the ack is ok."""
+        frame = register_frame(cwd, **fields)
+        reply = await self.request(frame)
+        assert reply.get("ok") is True and reply.get("requestId") == frame["requestId"], reply
+        return frame, reply["result"]
+
+    async def send_text(self, registration: dict[str, Any], text: str, request_id: str) -> dict[str, Any]:
+        return await self.request({"kind": "follower.send", "requestId": request_id,
+                                   "instanceId": registration["instanceId"],
+                                   "registrationGeneration": registration["registrationGeneration"],
+                                   "message": {"type": "text", "text": text}})
+
+    async def close(self) -> None:
+        try:
+            await self.ws.close()
+        finally:
+            await self.session.close()
