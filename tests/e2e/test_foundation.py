@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tests.e2e.harness import CHAT_ID, OWNER_ID, Cluster
+from tests.e2e.harness import CHAT_ID, OWNER_ID, SECRET, TOKEN, Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -30,6 +30,9 @@ async def test_topic_created_and_echo_round_trip(cluster: Cluster, tmp_path):
     assert await follower.wait() == 3
     leader.kill(signal.SIGTERM)
     assert await leader.wait() == 0
+    for proc in (leader, follower):  # DEBUG logging includes every HTTP request: still no secrets
+        assert TOKEN not in proc.log() and TOKEN.split(":")[1] not in proc.log()
+        assert SECRET not in proc.log()
 
 
 async def test_follower_restart_reuses_its_topic(cluster: Cluster, tmp_path):

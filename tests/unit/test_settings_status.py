@@ -1,0 +1,68 @@
+"""Settings validation and the operator-facing status rendering."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.settings import ConfigurationError, DisplayMode, load_settings
+from app.status import render_board, render_text
+
+TOKEN = "123456:settings-test-token-value-000000000"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    import os
+
+    for name in [n for n in os.environ if n.startswith("TOPICBUS_")]:
+        monkeypatch.delenv(name)
+
+
+def test_secrets_never_appear_in_repr_or_str():
+    s = load_settings(None, bot_token=TOKEN, bus_secret="bus-secret-value")
+    assert TOKEN not in repr(s) and "bus-secret-value" not in repr(s) and TOKEN not in str(s)
+    assert s.secrets() == [TOKEN, "bus-secret-value"]
+
+
+def test_invalid_values_are_named_by_variable_without_echoing_input(monkeypatch):
+    monkeypatch.setenv("TOPICBUS_BUS_PORT", "99999")
+    monkeypatch.setenv("TOPICBUS_OWNER_IDS", "1,two")
+    monkeypatch.setenv("TOPICBUS_DISPLAY_MODE", "rainbow")
+    with pytest.raises(ConfigurationError) as info:
+        load_settings(None)
+    names = sorted(line.split(":", 1)[0] for line in info.value.problems)
+    assert names == ["TOPICBUS_BUS_PORT", "TOPICBUS_DISPLAY_MODE", "TOPICBUS_OWNER_IDS"]
+    assert all("rainbow" not in line and "two" not in line for line in info.value.problems)
+
+
+def test_leader_requires_token_chat_and_owners_but_not_the_bus_secret():
+    s = load_settings(None)
+    assert [p.split(":")[0] for p in s.leader_problems()] == [
+        "TOPICBUS_BOT_TOKEN", "TOPICBUS_CHAT_ID", "TOPICBUS_OWNER_IDS"]
+    ok = load_settings(None, bot_token=TOKEN, chat_id=-100, owner_ids="1, 2")
+    assert ok.leader_problems() == [] and ok.owner_ids == frozenset({1, 2})
+    assert ok.display_mode is DisplayMode.LETTERS and ok.thread_cleanup is True
+
+
+def test_status_renders_a_standby_without_a_live_view():
+    text = render_text({"role": "standby", "epoch": 3, "followers": [], "bindings": []})
+    assert "standby" in text and "no live view" in text and "(none)" in text
+
+
+def test_status_board_lists_slots_states_and_rotation():
+    board = render_board({
+        "role": "leader", "epoch": 2, "cleanupPolicy": "off", "displayMode": "letters",
+        "bindings": [
+            {"slot": "A", "title": "topicbus control", "state": "control", "heartbeatAgeMs": None, "queued": 0},
+            {"slot": "B", "title": "B", "state": "live", "heartbeatAgeMs": 1200, "queued": 2},
+            {"slot": "C", "title": "C", "state": "preserved", "heartbeatAgeMs": None, "queued": 0},
+        ],
+        "rotation": {"slotsUsed": 3, "rotationOrder": [{"slot": "C", "protection": "eligible"}],
+                     "fence": {"slot": "D", "phase": "deletion-issued", "threadId": 9}},
+        "pendingCleanups": [], "pendingObservations": [],
+    })
+    lines = board.splitlines()
+    assert "cleanup off" in lines[0]
+    assert any(line.startswith("B ") and "live" in line and "1.2s" in line and "queued 2" in line for line in lines)
+    assert any("rotates next: C" in line for line in lines)
+    assert any("phase deletion-issued" in line for line in lines)
