@@ -40,7 +40,21 @@ class Authority:
     epoch: int
 
 
-class Database:
+class _Reader:
+    """Read helpers shared by the database and a write transaction (same connection)."""
+
+    _conn: aiosqlite.Connection
+
+    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        async with self._conn.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+    async def fetch_one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
+        async with self._conn.execute(sql, params) as cur:
+            return await cur.fetchone()
+
+
+class Database(_Reader):
     def __init__(self, conn: aiosqlite.Connection, path: Path):
         self._conn = conn
         self._write_lock = asyncio.Lock()
@@ -71,14 +85,6 @@ class Database:
         await self._conn.close()
 
     # --- reads ----------------------------------------------------------------------------------
-    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        async with self._conn.execute(sql, params) as cur:
-            return list(await cur.fetchall())
-
-    async def fetch_one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        async with self._conn.execute(sql, params) as cur:
-            return await cur.fetchone()
-
     async def fetch_value(self, sql: str, params: Sequence[Any] = ()) -> Any:
         row = await self.fetch_one(sql, params)
         return None if row is None else row[0]
@@ -128,7 +134,7 @@ class Database:
             pass
 
 
-class Transaction:
+class Transaction(_Reader):
     """The handle a write transaction's body uses."""
 
     def __init__(self, conn: aiosqlite.Connection):
@@ -147,14 +153,6 @@ class Transaction:
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         await self._conn.executemany(sql, rows)
-
-    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        async with self._conn.execute(sql, params) as cur:
-            return list(await cur.fetchall())
-
-    async def fetch_one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        async with self._conn.execute(sql, params) as cur:
-            return await cur.fetchone()
 
 
 def _migrate_file(path: Path) -> int:

@@ -179,6 +179,15 @@ class Cluster:
 
         return await self.wait_for(bound, timeout, f"follower topic for {workdir}")
 
+    async def leader_with_follower(self, workdir: Path, **env: str) -> tuple[Proc, Proc, int]:
+        """A polling leader and one follower whose agent said it is ready; returns its thread id."""
+        leader = await self.start_leader(**env)
+        await self.wait_polling()
+        follower = await self.start_follower(workdir, **env)
+        thread = (await self.wait_follower_topic(workdir))["threadId"]
+        await self.wait_text(thread, "agent ready")
+        return leader, follower, thread
+
     def texts_in(self, thread_id: int) -> list[str]:
         return [m.text or "" for m in self.fake.messages_in(CHAT_ID, thread_id)]
 

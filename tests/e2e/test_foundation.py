@@ -36,12 +36,8 @@ async def test_topic_created_and_echo_round_trip(cluster: Cluster, tmp_path):
 
 
 async def test_follower_restart_reuses_its_topic(cluster: Cluster, tmp_path):
-    await cluster.start_leader()
-    await cluster.wait_polling()
     work = tmp_path / "repo-restart"
-    first = await cluster.start_follower(work)
-    thread = (await cluster.wait_follower_topic(work))["threadId"]
-    await cluster.wait_text(thread, "agent ready")
+    _, first, thread = await cluster.leader_with_follower(work)
 
     os.killpg(first.pid, signal.SIGKILL)  # wrapper and agent die at once, no goodbye
     await first.wait()
@@ -100,12 +96,8 @@ async def test_standby_takes_over_after_sigkill(cluster: Cluster, tmp_path):
 
 
 async def test_non_owner_and_bots_are_ignored(cluster: Cluster, tmp_path):
-    await cluster.start_leader()
-    await cluster.wait_polling()
     work = tmp_path / "repo-owner"
-    await cluster.start_follower(work)
-    thread = (await cluster.wait_follower_topic(work))["threadId"]
-    await cluster.wait_text(thread, "agent ready")
+    _, _, thread = await cluster.leader_with_follower(work)
     cluster.fake.push_message(CHAT_ID, "from stranger", thread_id=thread, from_id=555)
     cluster.fake.push_message(CHAT_ID, "from a bot", thread_id=thread, from_id=777, is_bot=True)
     cluster.fake.push_message(CHAT_ID, "from owner", thread_id=thread, from_id=OWNER_ID)

@@ -30,12 +30,8 @@ async def wait_state(cluster: Cluster, workdir, state: str, timeout: float = 20.
 
 
 async def test_sigkilled_follower_is_pruned_and_its_topic_deleted_once(cluster: Cluster, tmp_path):
-    await cluster.start_leader()
-    await cluster.wait_polling()
     work = tmp_path / "killed"
-    follower = await cluster.start_follower(work)
-    thread = (await cluster.wait_follower_topic(work))["threadId"]
-    await cluster.wait_text(thread, "agent ready")
+    _, follower, thread = await cluster.leader_with_follower(work)
 
     os.killpg(follower.pid, signal.SIGKILL)
     await follower.wait()
@@ -49,12 +45,8 @@ async def test_sigkilled_follower_is_pruned_and_its_topic_deleted_once(cluster: 
 
 
 async def test_cleanup_off_preserves_topic_and_restart_gets_it_back(cluster: Cluster, tmp_path):
-    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
-    await cluster.wait_polling()
     work = tmp_path / "preserved"
-    follower = await cluster.start_follower(work)
-    thread = (await cluster.wait_follower_topic(work))["threadId"]
-    await cluster.wait_text(thread, "agent ready")
+    _, follower, thread = await cluster.leader_with_follower(work, TOPICBUS_THREAD_CLEANUP="false")
 
     os.killpg(follower.pid, signal.SIGKILL)
     await follower.wait()
@@ -79,12 +71,8 @@ async def test_cleanup_off_preserves_topic_and_restart_gets_it_back(cluster: Clu
 
 
 async def test_stopped_but_alive_follower_is_pruned_and_never_deleted(cluster: Cluster, tmp_path):
-    await cluster.start_leader()
-    await cluster.wait_polling()
     work = tmp_path / "sigstop"
-    follower = await cluster.start_follower(work)
-    thread = (await cluster.wait_follower_topic(work))["threadId"]
-    await cluster.wait_text(thread, "agent ready")
+    _, follower, thread = await cluster.leader_with_follower(work)
 
     os.killpg(follower.pid, signal.SIGSTOP)
     try:
@@ -104,12 +92,8 @@ async def test_stopped_but_alive_follower_is_pruned_and_never_deleted(cluster: C
 
 
 async def test_follower_that_died_while_the_leader_was_down_is_still_cleaned_up(cluster: Cluster, tmp_path):
-    leader = await cluster.start_leader()
-    await cluster.wait_polling()
     work = tmp_path / "died-during-outage"
-    follower = await cluster.start_follower(work)
-    thread = (await cluster.wait_follower_topic(work))["threadId"]
-    await cluster.wait_text(thread, "agent ready")
+    leader, follower, thread = await cluster.leader_with_follower(work)
 
     leader.kill(signal.SIGKILL)
     await leader.wait()
