@@ -1,7 +1,9 @@
 """Inbound delivery: journaled owner messages pushed to the follower that owns their binding.
 
 At-least-once: an item leaves the journal only on the follower's receipt; each (re)registration
-starts a fresh in-flight set so everything unacknowledged is sent again, in journal order.
+starts a fresh route (high-water mark 0) so everything unacknowledged is sent again, in journal
+order. Receipts are applied in batches: under load one transaction marks many items delivered; a
+receipt lost in a crash only means a redelivery, which followers drop by ``deliveryId``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from loguru import logger
 from app.clock import Clock
 from app.protocol import Kind
 from storage.journal import JournalRepository, parse_delivery_id
+
+
+PAGE = 500
 
 
 class FollowerConnection(Protocol):
@@ -32,7 +37,7 @@ class _Route:
         self.instance_id = instance_id
         self.generation = generation
         self.connection = connection
-        self.in_flight: set[int] = set()
+        self.high_water = 0  # highest journal seq sent on this route
         self.lock = asyncio.Lock()
 
 
@@ -42,6 +47,8 @@ class DeliveryHub:
         self._clock = clock
         self._routes: dict[str, _Route] = {}  # binding_key -> current route
         self.delivered = 0
+        self._receipts: list[tuple[int, str]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     def attach(self, binding_key: str, instance_id: str, generation: str, connection: FollowerConnection) -> None:
         self._routes[binding_key] = _Route(instance_id, generation, connection)
@@ -60,37 +67,53 @@ class DeliveryHub:
         return route is not None and not route.connection.closed
 
     async def kick(self, binding_key: str) -> int:
-        """Send every pending item of this binding not yet in flight on its current route."""
+        """Send every pending item of this binding that this route has not carried yet, in order."""
         route = self._routes.get(binding_key)
         if route is None:
             return 0
         sent = 0
         async with route.lock:
-            if self._routes.get(binding_key) is not route or route.connection.closed:
-                return 0
-            for item in await self._journal.pending(binding_key):
-                if item.seq in route.in_flight:
-                    continue
-                frame = {"kind": Kind.DELIVER.value, "requestId": item.delivery_id, "deliveryId": item.delivery_id,
-                         "instanceId": route.instance_id, "registrationGeneration": route.generation,
-                         "item": item.payload}
-                try:
-                    await route.connection.send_frame(frame)
-                except Exception as exc:  # noqa: BLE001 - a dead socket; items stay pending
-                    logger.bind(phase="delivery").debug("delivery send failed: {}", type(exc).__name__)
-                    return sent
-                route.in_flight.add(item.seq)
-                sent += 1
+            while self._routes.get(binding_key) is route and not route.connection.closed:
+                page = await self._journal.pending(binding_key, limit=PAGE, after_seq=route.high_water)
+                for item in page:
+                    frame = {"kind": Kind.DELIVER.value, "requestId": item.delivery_id,
+                             "deliveryId": item.delivery_id, "instanceId": route.instance_id,
+                             "registrationGeneration": route.generation, "item": item.payload}
+                    try:
+                        await route.connection.send_frame(frame)
+                    except Exception as exc:  # noqa: BLE001 - a dead socket; items stay pending
+                        logger.bind(phase="delivery").debug("delivery send failed: {}", type(exc).__name__)
+                        return sent
+                    route.high_water = item.seq
+                    sent += 1
+                if len(page) < PAGE:
+                    break
         return sent
 
     async def receipt(self, binding_key: str, delivery_id: str) -> bool:
+        """Queue a follower's receipt; applied with others in one transaction, soon."""
         seq = parse_delivery_id(delivery_id)
         if seq is None:
             return False
-        route = self._routes.get(binding_key)
-        if route is not None:
-            route.in_flight.discard(seq)
-        marked = await self._journal.mark_delivered(seq, binding_key, self._clock.now_ms())
-        if marked:
-            self.delivered += 1
-        return marked
+        self._receipts.append((seq, binding_key))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_receipts(), name="delivery-receipts")
+        return True
+
+    async def _flush_receipts(self) -> None:
+        while self._receipts:
+            batch, self._receipts = self._receipts, []
+            try:
+                self.delivered += await self._journal.mark_delivered_many(batch, self._clock.now_ms())
+            except Exception as exc:  # noqa: BLE001 - unmarked items are redelivered later, never lost
+                logger.bind(phase="delivery").warning("receipts not recorded ({}); items will be redelivered",
+                                                      type(exc).__name__)
+                return
+
+    async def flush(self) -> None:
+        """Wait until every queued receipt is recorded (tests, shutdown)."""
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
+
+    async def close(self) -> None:
+        await self.flush()

@@ -175,7 +175,8 @@ class LeadershipTerm:
         outbox, departure = runtime.outbox, runtime.departure
         runtime.authority = self.authority
         self.runtime = runtime
-        self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started)
+        self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
+                                   batch=runtime.inbound_batch)
         handlers.register_all(app, runtime, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
         app.add_error_handler(self._handler_error)
         jq = app.job_queue

@@ -1,15 +1,17 @@
 """Long polling that never loses an update.
 
 PTB's ``Updater`` confirms a batch (advances the offset) before the handlers have run, so a crash
-in between loses those updates. This poller hands each update to ``Application.process_update``
-(where the routing handler journals it durably) and only then asks for the next offset. A crash
-re-fetches unconfirmed updates; the journal drops them by ``update_id``.
+in between loses those updates. This poller hands each update of a ``getUpdates`` batch to
+``Application.process_update`` inside the runtime's inbound batch (the routing handler queues owner
+messages there), journals the whole batch durably in one transaction, and only then asks for the
+next offset. A crash re-fetches unconfirmed updates; the journal drops them by ``update_id``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 
 from loguru import logger
 from telegram import Update
@@ -23,8 +25,10 @@ MAX_HANDLER_ATTEMPTS = 3
 
 
 class UpdatePoller:
-    def __init__(self, app: Application, *, timeout_s: float, on_first_poll: Callable[[], None] | None = None):
+    def __init__(self, app: Application, *, timeout_s: float, on_first_poll: Callable[[], None] | None = None,
+                 batch: Callable[[], AbstractAsyncContextManager[None]] | None = None):
         self._app = app
+        self._batch = batch or nullcontext
         self._timeout_s = timeout_s
         self._offset: int | None = None
         self._task: asyncio.Task[None] | None = None
@@ -89,16 +93,32 @@ class UpdatePoller:
                 first = False
                 if self._on_first_poll is not None:
                     self._on_first_poll()
-            for raw in raw_updates if isinstance(raw_updates, list) else []:
-                update_id = raw.get("update_id") if isinstance(raw, dict) else None
-                if not isinstance(update_id, int):
-                    logger.bind(phase="polling").warning("skipped an update without an update_id")
-                    continue
-                update = self._parse(raw)
-                if update is not None and not await self._process(update):
-                    return
-                self._offset = max(self._offset or 0, update_id + 1)
-                self.updates_seen += 1
+            batch = raw_updates if isinstance(raw_updates, list) else []
+            if not batch:
+                continue
+            try:
+                async with self._batch():
+                    next_offset = self._offset or 0
+                    for raw in batch:
+                        update_id = raw.get("update_id") if isinstance(raw, dict) else None
+                        if not isinstance(update_id, int):
+                            logger.bind(phase="polling").warning("skipped an update without an update_id")
+                            continue
+                        update = self._parse(raw)
+                        if update is not None and not await self._process(update):
+                            return
+                        next_offset = max(next_offset, update_id + 1)
+                        self.updates_seen += 1
+            except AuthorityLost:
+                logger.bind(phase="polling").warning("leader lease lost; polling stops without confirming")
+                return
+            except StorageUnavailable as exc:
+                # Nothing of this batch is confirmed: the same updates are fetched again.
+                logger.bind(phase="polling").warning("batch not journaled ({}); fetching it again", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            self._offset = next_offset
 
     def _parse(self, raw: dict) -> Update | None:
         """One update at a time, so a malformed update is skipped instead of stalling the batch."""

@@ -189,6 +189,10 @@ class FollowerRegistry:
         """How many current observations the registry is tracking."""
         return len(self._observations)
 
+    def has_binding(self, binding_key: str) -> bool:
+        """Whether a live entry owns this workspace binding (no copies: on the routing hot path)."""
+        return any(entry.binding_key == binding_key for entry in self._followers.values())
+
     def __iter__(self) -> Iterator[FollowerRecord]:
         return iter(self.list())
 

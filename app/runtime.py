@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +90,8 @@ class LeaderRuntime:
         self._background: set[asyncio.Task[Any]] = set()
         self.display: DisplayReconciler | None = None
         self.rotation: SlotRotation | None = None
-        self.restored: set[str] = set()  # instance ids restored from the store, not re-registered yet
+        self.restored: set[str] = set()
+        self._batch: list[tuple[int, str, dict[str, Any]]] | None = None  # instance ids restored from the store, not re-registered yet
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0, "registrations": 0}
 
     # --- authority --------------------------------------------------------------------------------
@@ -298,21 +300,45 @@ class LeaderRuntime:
     # --- inbound routing ---------------------------------------------------------------------------
     async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
                                   payload: dict[str, Any]) -> RouteResult:
+        """Journal one owner message for the binding of its topic, then deliver it.
+
+        Inside :meth:`inbound_batch` the message is only queued; the batch is journaled in one
+        transaction when the batch closes (before the poller confirms those updates)."""
         binding = await self.bindings.by_target(chat_id, thread_id)
         if binding is None or binding.kind != "follower":
             self.stats["ignored"] += 1
             return RouteResult(False, "unknown-topic")
-        authority = self.require_authority()
-        item = await self.journal.append(update_id, binding.binding_key, payload, self.clock.now_ms(), authority)
-        if item is None:
-            self.stats["duplicates"] += 1
+        if self._batch is not None:
+            self._batch.append((update_id, binding.binding_key, payload))
+            return RouteResult(True, "queued")
+        items = await self._journal_and_deliver([(update_id, binding.binding_key, payload)])
+        if not items:
             return RouteResult(False, "duplicate")
-        self.stats["routed"] += 1
-        if self.is_deliverable(binding.binding_key):
-            await self.hub.kick(binding.binding_key)
-        else:
-            await self._notify_offline(binding.binding_key, authority)
-        return RouteResult(True, "journaled", item.delivery_id)
+        return RouteResult(True, "journaled", items[0].delivery_id)
+
+    @asynccontextmanager
+    async def inbound_batch(self) -> AsyncIterator[None]:
+        """Collect the owner messages of one getUpdates batch and journal them together."""
+        self._batch = []
+        try:
+            yield
+            batch = self._batch
+        finally:
+            self._batch = None
+        if batch:
+            await self._journal_and_deliver(batch)
+
+    async def _journal_and_deliver(self, rows: list[tuple[int, str, dict[str, Any]]]) -> list[Any]:
+        authority = self.require_authority()
+        items = await self.journal.append_many(rows, self.clock.now_ms(), authority)
+        self.stats["routed"] += len(items)
+        self.stats["duplicates"] += len(rows) - len(items)
+        for key in dict.fromkeys(item.binding_key for item in items):
+            if self.is_deliverable(key):
+                await self.hub.kick(key)
+            else:
+                await self._notify_offline(key, authority)
+        return items
 
     def live_binding_keys(self) -> set[str]:
         """Bindings with a follower that registered with this leader (restored ones do not count
@@ -325,8 +351,7 @@ class LeaderRuntime:
 
     def is_deliverable(self, binding_key: str) -> bool:
         """A registered (not pruned) follower with an open socket owns this binding."""
-        return self.hub.is_online(binding_key) and any(
-            f.binding_key == binding_key for f in self.registry.list())
+        return self.hub.is_online(binding_key) and self.registry.has_binding(binding_key)
 
     async def purge_history(self, keep_ms: int) -> tuple[int, int]:
         """Drop delivered journal items and sent output older than ``keep_ms``."""
@@ -591,6 +616,7 @@ class LeaderRuntime:
         task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
+        await self.hub.close()
         for task in list(self._background):
             task.cancel()
         if self._background:

@@ -45,13 +45,13 @@ class _Reader:
 
     _conn: aiosqlite.Connection
 
+    # One hop to aiosqlite's worker thread per call (execute + fetch in one go).
     async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        async with self._conn.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+        return list(await self._conn.execute_fetchall(sql, params))
 
     async def fetch_one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        async with self._conn.execute(sql, params) as cur:
-            return await cur.fetchone()
+        rows = await self._conn.execute_fetchall(sql, params)
+        return rows[0] if rows else None
 
 
 class Database(_Reader):
@@ -141,15 +141,19 @@ class Transaction(_Reader):
         self._conn = conn
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; returns the number of rows it changed (one worker-thread hop)."""
         try:
-            async with self._conn.execute(sql, params) as cur:
-                return cur.rowcount
+            cur = await self._conn.execute(sql, params)
         except sqlite3.OperationalError as exc:
             raise StorageUnavailable(str(exc)) from exc
+        return cur.rowcount
 
     async def insert(self, sql: str, params: Sequence[Any] = ()) -> int:
-        async with self._conn.execute(sql, params) as cur:
-            return int(cur.lastrowid or 0)
+        try:
+            cur = await self._conn.execute(sql, params)
+        except sqlite3.OperationalError as exc:
+            raise StorageUnavailable(str(exc)) from exc
+        return int(cur.lastrowid or 0)
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         await self._conn.executemany(sql, rows)

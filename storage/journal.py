@@ -38,34 +38,45 @@ class JournalRepository:
     async def append(self, update_id: int, binding_key: str, payload: dict[str, Any], now_ms: int,
                      authority: Authority | None) -> JournalItem | None:
         """Journal one routed update; ``None`` when that update was already journaled."""
-        async with self._db.write(authority) as tx:
-            inserted = await tx.execute(
-                """INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms)
-                   VALUES (?, ?, ?, ?) ON CONFLICT (update_id) DO NOTHING""",
-                (update_id, binding_key, json.dumps(payload, separators=(",", ":")), now_ms),
-            )
-            if inserted == 0:
-                return None
-            row = await tx.fetch_one("SELECT seq FROM inbound_journal WHERE update_id = ?", (update_id,))
-            seq = int(row["seq"])
-        return JournalItem(seq, update_id, binding_key, payload, 0)
+        added = await self.append_many([(update_id, binding_key, payload)], now_ms, authority)
+        return added[0] if added else None
 
-    async def pending(self, binding_key: str, limit: int = 500) -> list[JournalItem]:
+    async def append_many(self, rows: list[tuple[int, str, dict[str, Any]]], now_ms: int,
+                          authority: Authority | None) -> list[JournalItem]:
+        """Journal a batch of routed updates in one transaction; already journaled ones are skipped."""
+        added: list[JournalItem] = []
+        async with self._db.write(authority) as tx:
+            for update_id, binding_key, payload in rows:
+                found = await tx.fetch_all(
+                    """INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms)
+                       VALUES (?, ?, ?, ?) ON CONFLICT (update_id) DO NOTHING RETURNING seq""",
+                    (update_id, binding_key, json.dumps(payload, separators=(",", ":")), now_ms))
+                if found:
+                    added.append(JournalItem(int(found[0]["seq"]), update_id, binding_key, payload, 0))
+        return added
+
+    async def pending(self, binding_key: str, limit: int = 500, after_seq: int = 0) -> list[JournalItem]:
         rows = await self._db.fetch_all(
-            "SELECT * FROM inbound_journal WHERE binding_key = ? AND status = 'pending' ORDER BY seq LIMIT ?",
-            (binding_key, limit),
+            """SELECT * FROM inbound_journal WHERE binding_key = ? AND status = 'pending' AND seq > ?
+               ORDER BY seq LIMIT ?""",
+            (binding_key, after_seq, limit),
         )
         return [JournalItem(r["seq"], r["update_id"], r["binding_key"], json.loads(r["payload"]), r["attempts"])
                 for r in rows]
 
     async def mark_delivered(self, seq: int, binding_key: str, now_ms: int) -> bool:
+        return await self.mark_delivered_many([(seq, binding_key)], now_ms) == 1
+
+    async def mark_delivered_many(self, receipts: list[tuple[int, str]], now_ms: int) -> int:
+        """Apply follower receipts (seq, binding key) in one transaction; returns how many were new."""
+        changed = 0
         async with self._db.write() as tx:
-            changed = await tx.execute(
-                """UPDATE inbound_journal SET status = 'delivered', delivered_at_ms = ?
-                   WHERE seq = ? AND binding_key = ? AND status = 'pending'""",
-                (now_ms, seq, binding_key),
-            )
-            return changed > 0
+            for seq, binding_key in receipts:
+                changed += await tx.execute(
+                    """UPDATE inbound_journal SET status = 'delivered', delivered_at_ms = ?
+                       WHERE seq = ? AND binding_key = ? AND status = 'pending'""",
+                    (now_ms, seq, binding_key))
+        return changed
 
     async def count_pending(self) -> dict[str, int]:
         rows = await self._db.fetch_all(
