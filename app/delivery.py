@@ -15,7 +15,7 @@ from loguru import logger
 
 from app.clock import Clock
 from app.protocol import Kind
-from storage.journal import JournalRepository, parse_delivery_id
+from storage.journal import JournalItem, JournalRepository, parse_delivery_id
 
 
 PAGE = 500
@@ -38,6 +38,7 @@ class _Route:
         self.generation = generation
         self.connection = connection
         self.high_water = 0  # highest journal seq sent on this route
+        self.caught_up = False  # the last kick found nothing pending beyond high_water
         self.lock = asyncio.Lock()
 
 
@@ -76,19 +77,43 @@ class DeliveryHub:
             while self._routes.get(binding_key) is route and not route.connection.closed:
                 page = await self._journal.pending(binding_key, limit=PAGE, after_seq=route.high_water)
                 for item in page:
-                    frame = {"kind": Kind.DELIVER.value, "requestId": item.delivery_id,
-                             "deliveryId": item.delivery_id, "instanceId": route.instance_id,
-                             "registrationGeneration": route.generation, "item": item.payload}
                     try:
-                        await route.connection.send_frame(frame)
+                        await route.connection.send_frame(self._frame(route, item))
                     except Exception as exc:  # noqa: BLE001 - a dead socket; items stay pending
                         logger.bind(phase="delivery").debug("delivery send failed: {}", type(exc).__name__)
                         return sent
                     route.high_water = item.seq
                     sent += 1
                 if len(page) < PAGE:
+                    route.caught_up = True
                     break
         return sent
+
+    async def deliver_new(self, binding_key: str, items: list[JournalItem]) -> int:
+        """Send items just journaled (in seq order) without reading them back, when the route has
+        carried everything older; otherwise fall back to :meth:`kick`. Callers serialise journal
+        appends, so a caught-up route has nothing pending older than ``items``."""
+        route = self._routes.get(binding_key)
+        if route is None:
+            return 0
+        async with route.lock:
+            direct = (route.caught_up and self._routes.get(binding_key) is route and not route.connection.closed
+                      and all(item.seq > route.high_water for item in items))
+            if direct:
+                for item in items:
+                    try:
+                        await route.connection.send_frame(self._frame(route, item))
+                    except Exception:  # noqa: BLE001 - a dead socket; items stay pending
+                        route.caught_up = False
+                        return 0
+                    route.high_water = item.seq
+                return len(items)
+        return await self.kick(binding_key)
+
+    @staticmethod
+    def _frame(route: _Route, item: JournalItem) -> dict[str, Any]:
+        return {"kind": Kind.DELIVER.value, "requestId": item.delivery_id, "deliveryId": item.delivery_id,
+                "instanceId": route.instance_id, "registrationGeneration": route.generation, "item": item.payload}
 
     async def receipt(self, binding_key: str, delivery_id: str) -> bool:
         """Queue a follower's receipt; applied with others in one transaction, soon."""

@@ -122,6 +122,8 @@ class LeaderProcess:
                 "topicbus_outbound_sent_total": runtime.outbox.sent,
                 "topicbus_outbound_retry_after_total": runtime.outbox.retry_after_hits,
                 "topicbus_updates_seen_total": term.poller.updates_seen if term.poller else 0,
+                'topicbus_route_latency_ms{quantile="0.5"}': runtime.route_latency.quantile(0.5) or 0,
+                'topicbus_route_latency_ms{quantile="0.99"}': runtime.route_latency.quantile(0.99) or 0,
                 "topicbus_display_passes_total": runtime.display.passes if runtime.display else 0,
                 "topicbus_display_edits_total": runtime.display.edits if runtime.display else 0,
             })

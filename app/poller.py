@@ -10,6 +10,7 @@ next offset. A crash re-fetches unconfirmed updates; the journal drops them by `
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 
@@ -26,9 +27,9 @@ MAX_HANDLER_ATTEMPTS = 3
 
 class UpdatePoller:
     def __init__(self, app: Application, *, timeout_s: float, on_first_poll: Callable[[], None] | None = None,
-                 batch: Callable[[], AbstractAsyncContextManager[None]] | None = None):
+                 batch: Callable[[float], AbstractAsyncContextManager[None]] | None = None):
         self._app = app
-        self._batch = batch or nullcontext
+        self._batch = batch or (lambda received_at: nullcontext())
         self._timeout_s = timeout_s
         self._offset: int | None = None
         self._task: asyncio.Task[None] | None = None
@@ -93,11 +94,12 @@ class UpdatePoller:
                 first = False
                 if self._on_first_poll is not None:
                     self._on_first_poll()
+            received_at = time.perf_counter()
             batch = raw_updates if isinstance(raw_updates, list) else []
             if not batch:
                 continue
             try:
-                async with self._batch():
+                async with self._batch(received_at):
                     next_offset = self._offset or 0
                     for raw in batch:
                         update_id = raw.get("update_id") if isinstance(raw, dict) else None

@@ -8,7 +8,9 @@ store re-checks it inside the commit.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -41,6 +43,22 @@ from storage.runtime_settings import CLEANUP_POLICY, DISPLAY_MODE, RuntimeSettin
 
 CONTROL_TOPIC_TITLE = "topicbus control"
 OFFLINE_NOTICE = "⏸ This agent is offline. Your message is kept and will be delivered when it reconnects."
+
+
+class LatencyWindow:
+    """The last 256 route latencies (ms): getUpdates answer received → delivery frame written."""
+
+    def __init__(self, size: int = 256):
+        self._values: deque[float] = deque(maxlen=size)
+
+    def add_many(self, value_ms: float, count: int = 1) -> None:
+        self._values.extend([value_ms] * count)
+
+    def quantile(self, q: float) -> float | None:
+        if not self._values:
+            return None
+        ordered = sorted(self._values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class DisplayModeRefused(Exception):
@@ -91,7 +109,9 @@ class LeaderRuntime:
         self.display: DisplayReconciler | None = None
         self.rotation: SlotRotation | None = None
         self.restored: set[str] = set()
-        self._batch: list[tuple[int, str, dict[str, Any]]] | None = None  # instance ids restored from the store, not re-registered yet
+        self._batch: list[tuple[int, str, dict[str, Any]]] | None = None
+        self._journal_lock = asyncio.Lock()
+        self.route_latency = LatencyWindow()  # instance ids restored from the store, not re-registered yet
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0, "registrations": 0}
 
     # --- authority --------------------------------------------------------------------------------
@@ -317,8 +337,9 @@ class LeaderRuntime:
         return RouteResult(True, "journaled", items[0].delivery_id)
 
     @asynccontextmanager
-    async def inbound_batch(self) -> AsyncIterator[None]:
-        """Collect the owner messages of one getUpdates batch and journal them together."""
+    async def inbound_batch(self, received_at: float | None = None) -> AsyncIterator[None]:
+        """Collect the owner messages of one getUpdates batch and journal them together.
+        ``received_at`` (perf_counter) is when the batch arrived, for the route-latency figure."""
         self._batch = []
         try:
             yield
@@ -326,18 +347,25 @@ class LeaderRuntime:
         finally:
             self._batch = None
         if batch:
-            await self._journal_and_deliver(batch)
+            await self._journal_and_deliver(batch, received_at)
 
-    async def _journal_and_deliver(self, rows: list[tuple[int, str, dict[str, Any]]]) -> list[Any]:
+    async def _journal_and_deliver(self, rows: list[tuple[int, str, dict[str, Any]]],
+                                   received_at: float | None = None) -> list[Any]:
         authority = self.require_authority()
-        items = await self.journal.append_many(rows, self.clock.now_ms(), authority)
-        self.stats["routed"] += len(items)
-        self.stats["duplicates"] += len(rows) - len(items)
-        for key in dict.fromkeys(item.binding_key for item in items):
-            if self.is_deliverable(key):
-                await self.hub.kick(key)
-            else:
-                await self._notify_offline(key, authority)
+        async with self._journal_lock:  # appends and their first delivery stay in journal order
+            items = await self.journal.append_many(rows, self.clock.now_ms(), authority)
+            self.stats["routed"] += len(items)
+            self.stats["duplicates"] += len(rows) - len(items)
+            by_binding: dict[str, list[Any]] = {}
+            for item in items:
+                by_binding.setdefault(item.binding_key, []).append(item)
+            for key, group in by_binding.items():
+                if self.is_deliverable(key):
+                    await self.hub.deliver_new(key, group)
+                    if received_at is not None:
+                        self.route_latency.add_many((time.perf_counter() - received_at) * 1000.0, len(group))
+                else:
+                    await self._notify_offline(key, authority)
         return items
 
     def live_binding_keys(self) -> set[str]:

@@ -112,6 +112,9 @@ async def run(ctx: Context) -> None:
                 # Warm-up: one message per topic (first SQLite statements, first frames on each socket).
                 await _paced(fake, followers, counter, max(n, 10), leader)
                 paced = await _paced(fake, followers, counter, paced_n, leader)
+                internal = await leader.metrics()  # the leader's own window: the last 256 routed messages
+                paced["internal_p50_ms"] = internal.get('topicbus_route_latency_ms{quantile="0.5"}')
+                paced["internal_p99_ms"] = internal.get('topicbus_route_latency_ms{quantile="0.99"}')
                 with RssSampler(leader) as rss:
                     burst = await _burst(fake, followers, counter, total, timeout=120, leader=leader)
                 metrics = await leader.metrics()
@@ -141,8 +144,13 @@ async def run(ctx: Context) -> None:
               "lower", "user+system CPU of the leader process (all threads) / updates routed, from /proc/<pid>/stat")
         r.add(f"inbound latency p50, {n} follower(s), paced", p["p50_ms"], "ms", None, "lower",
               "getUpdates hand-out → follower receipt, one update in flight")
-        r.add(f"leader-added latency p99, {n} follower(s), paced", p["p99_ms"], "ms", TARGET_LATENCY_MS, "lower",
-              "getUpdates hand-out → follower receipt, one update in flight")
+        r.add(f"leader-added latency p99, {n} follower(s), paced (inside the leader)", p["internal_p99_ms"], "ms",
+              TARGET_LATENCY_MS, "lower",
+              "measured by the leader: getUpdates answer received → delivery frame written (journal commit "
+              "included), last 256 paced messages, from /metrics")
+        r.add(f"end-to-end latency p99, {n} follower(s), paced", p["p99_ms"], "ms", None, "lower",
+              "getUpdates hand-out → follower receipt, one update in flight (adds both HTTP/WebSocket hops, "
+              "PTB parsing and the follower client)")
         r.add(f"inbound latency p50, {n} follower(s), burst", b["p50_ms"], "ms", None, "lower",
               "includes waiting behind the rest of a 100-update getUpdates batch")
         r.add(f"inbound latency p99, {n} follower(s), burst", b["p99_ms"], "ms", TARGET_LATENCY_MS, "lower",
