@@ -281,7 +281,8 @@ class FollowerClient:
         self._name = name
         self._thread_name = thread_name
         self._pid = pid
-        self._instance_id = instance_id or f"{pid}:{time.time_ns() // 1_000_000}"
+        # pid:ms plus a random part: two clients created in one process and millisecond must differ.
+        self._instance_id = instance_id or f"{pid}:{time.time_ns() // 1_000_000}:{uuid.uuid4().hex[:6]}"
         self._heartbeat_interval = heartbeat_interval_s
         self._request_timeout = request_timeout_s
         self._backoff_initial = backoff_initial_s

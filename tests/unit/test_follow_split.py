@@ -157,3 +157,10 @@ def test_exit_code_of() -> None:
     assert exit_code_of(3) == 3
     assert exit_code_of(-15) == 143
     assert exit_code_of(-9) == 137
+
+
+def test_default_instance_ids_differ_within_one_process_and_millisecond():
+    from app.follower_client import FollowerClient
+
+    clients = [FollowerClient(leader_url="ws://127.0.0.1:1/v1/bus", secret="s" * 8, pid=42) for _ in range(50)]
+    assert len({c.instance_id for c in clients}) == 50
