@@ -279,3 +279,22 @@ def test_initial_title_for_first_binding(mode: DisplayMode, expected: str) -> No
 
 def test_initial_title_without_slot_in_letters_mode_is_none() -> None:
     assert initial_display_title([], b("k1", "/w/api", None), LETTERS) is None
+
+
+def test_readme_mode_examples_hold():
+    """The example table in README.md ("Control topic") is computed by this resolver."""
+    from app.workspace import WorkspaceIdentity, default_thread_name
+
+    rows = [("b", "/home/ada/work/myHTTPServer", "B", None), ("c", "/home/ada/work/api", "C", "tests"),
+            ("d", "/home/ada/other/api", "D", None), ("e", "/home/ada/work/api", "E", "docs")]
+    bindings = [DisplayBinding(key, cwd, slot, default_thread_name(WorkspaceIdentity("h", cwd, name or ""), slot),
+                               None, True) for key, cwd, slot, name in rows]
+    expected = {
+        DisplayMode.LETTERS: ["B", "C", "D", "E"],
+        DisplayMode.NAMES: ["myHTTPServer", "api · tests", "api", "api · docs"],
+        DisplayMode.DIRECTORY_SNAKE: ["my_http_server", "work_api_c", "other_api", "work_api_e"],
+        DisplayMode.DIRECTORY_TITLE: ["My HTTP Server", "Work / Api C", "Other / Api", "Work / Api E"],
+    }
+    for mode, titles in expected.items():
+        resolved = resolve_display_titles(bindings, mode)
+        assert [resolved[key] for key, *_ in rows] == titles, mode
