@@ -105,3 +105,26 @@ async def test_follower_that_died_while_the_leader_was_down_is_still_cleaned_up(
     await wait_state(cluster, work, "deleted")  # restored roster → stale → death proven → cleanup
     deletes = [c for c in cluster.fake.calls_to("deleteForumTopic") if c.params.get("message_thread_id") == thread]
     assert len(deletes) == 1
+
+
+TICKING_AGENT = "import time\nprint('agent ready', flush=True)\ni = 0\nwhile True:\n    i += 1\n    print(f'tick {i}', flush=True)\n    time.sleep(0.3)\n"
+
+
+async def test_topic_deleted_in_telegram_is_recreated_and_output_continues_there(cluster: Cluster, tmp_path):
+    await cluster.start_leader()
+    await cluster.wait_polling()
+    work = tmp_path / "deleted-by-user"
+    await cluster.start_follower(work, script=TICKING_AGENT)
+    old = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(old, "tick 2")
+    cluster.fake.user_delete_topic(CHAT_ID, old)  # someone deletes the topic in the Telegram app
+
+    async def new_topic():
+        snap = await cluster.status()
+        b = binding_for(snap, work) if snap else None
+        return b if b and b["state"] == "live" and b["threadId"] not in (None, old) else None
+
+    fresh = await cluster.wait_for(new_topic, timeout=30, message="a re-created topic")
+    await cluster.wait_for(lambda: any(t.startswith("tick") for t in cluster.texts_in(fresh["threadId"])),
+                           message="output flowing into the new topic")
+    assert len([t for t in cluster.fake.topics(CHAT_ID) if not t.deleted]) == 2  # control + the new one
