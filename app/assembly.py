@@ -13,7 +13,7 @@ from app import __version__
 from app.clock import Clock
 from app.departure import DepartureHandler
 from app.display_reconciler import DisplayReconciler
-from app.liveness import ProcessLiveness
+from app.liveness import LivenessPort
 from app.logsetup import EventJournal
 from app.outbox import OutboundSender
 from app.provisioning import TopicProvisioner
@@ -30,7 +30,7 @@ from storage.outbox import OutboxRepository
 
 
 def assemble_runtime(*, db: Database, bot: Bot, clock: Clock, events: EventJournal, owner: str, chat_id: int,
-                     liveness: ProcessLiveness, default_cleanup: bool,
+                     liveness: LivenessPort, default_cleanup: bool,
                      default_display_mode: DisplayMode, job_queue: JobQueue | None = None) -> LeaderRuntime:
     gateway = TelegramGateway(bot)
     bindings = BindingRepository(db)

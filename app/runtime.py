@@ -20,7 +20,7 @@ from app.clock import Clock
 from app.delivery import DeliveryHub, FollowerConnection
 from app.display_reconciler import DisplayReconciler
 from app.departure import CleanupUnconfirmed, DepartureHandler
-from app.liveness import Liveness, ProcessLiveness
+from app.liveness import Liveness, LivenessPort
 from app.logsetup import EventJournal
 from app.mutations import FollowerMutationQueue
 from app.outbox import OutboundSender
@@ -73,8 +73,10 @@ class RouteResult:
 
 
 class LeaderRuntime:
+    """The leader's domain façade: followers, routing, departures, display and rotation hooks."""
+
     def __init__(self, *, db: Database, clock: Clock, chat_id: int, provisioner: TopicProvisioner, gateway: TelegramGateway,
-                 departure: DepartureHandler, outbox: OutboundSender, liveness: ProcessLiveness,
+                 departure: DepartureHandler, outbox: OutboundSender, liveness: LivenessPort,
                  events: EventJournal, default_cleanup: bool, default_display_mode: DisplayMode,
                  leader_build: str, admission: AdmissionLedger):
         self.db = db
@@ -108,10 +110,10 @@ class LeaderRuntime:
         self._background: set[asyncio.Task[Any]] = set()
         self.display: DisplayReconciler | None = None
         self.rotation: SlotRotation | None = None
-        self.restored: set[str] = set()
+        self.restored: set[str] = set()  # instance ids restored from the store, not re-registered yet
         self._batch: list[tuple[int, str, dict[str, Any]]] | None = None
         self._journal_lock = asyncio.Lock()
-        self.route_latency = LatencyWindow()  # instance ids restored from the store, not re-registered yet
+        self.route_latency = LatencyWindow()
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0, "registrations": 0}
 
     # --- authority --------------------------------------------------------------------------------
@@ -426,8 +428,7 @@ class LeaderRuntime:
         if binding is None:
             return
         async with self.db.write(self.require_authority()) as tx:
-            await tx.execute("UPDATE workspace_bindings SET manual_name = ?, display_title = ? WHERE binding_key = ?",
-                             (name[:128], name[:128], binding.binding_key))
+            await BindingRepository.set_manual_name_tx(tx, binding.binding_key, name[:128])
 
     async def set_cleanup_policy(self, enabled: bool) -> None:
         await self.runtime_settings.set(CLEANUP_POLICY, "on" if enabled else "off", self.clock.now_ms(),

@@ -155,6 +155,12 @@ class BindingRepository:
         await tx.execute("UPDATE workspace_bindings SET display_title = ? WHERE binding_key = ?", (title, binding_key))
 
     @staticmethod
+    async def set_manual_name_tx(tx: Transaction, binding_key: str, name: str) -> None:
+        """The title an owner gave the topic in Telegram; every display mode keeps it."""
+        await tx.execute("UPDATE workspace_bindings SET manual_name = ?, display_title = ? WHERE binding_key = ?",
+                         (name, name, binding_key))
+
+    @staticmethod
     async def set_offline_notified_tx(tx: Transaction, binding_key: str) -> bool:
         changed = await tx.execute(
             "UPDATE workspace_bindings SET offline_notified = 1 WHERE binding_key = ? AND offline_notified = 0",
