@@ -1,0 +1,101 @@
+"""Storage on real SQLite files: migrations, transactions, the authority fence, the lease."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from storage.db import Authority, AuthorityLost, Database
+from storage.lease import LeaseRepository
+from storage.migrate import Migration, MigrationError, apply_migrations, discover
+
+
+def test_migrations_ship_in_the_package_and_create_the_domain_tables(tmp_path):
+    migrations = discover()
+    assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
+    conn = sqlite3.connect(tmp_path / "x.sqlite3", isolation_level=None)
+    assert apply_migrations(conn) == len(migrations)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+    assert {"leader_lease", "workspace_bindings", "target_owners", "pending_cleanups", "retirement_intents",
+            "admission_leases", "retirement_fence", "inbound_journal", "outbox", "runtime_settings"} <= tables
+    assert apply_migrations(conn) == len(migrations)  # idempotent
+
+
+def test_a_failing_migration_rolls_back_whole(tmp_path):
+    conn = sqlite3.connect(tmp_path / "x.sqlite3", isolation_level=None)
+    good = Migration(1, "001_a.sql", "CREATE TABLE a (x INTEGER);")
+    bad = Migration(2, "002_b.sql", "ALTER TABLE a ADD COLUMN y INTEGER; INSERT INTO nowhere VALUES (1);")
+    apply_migrations(conn, [good])
+    with pytest.raises(MigrationError, match="002_b.sql"):
+        apply_migrations(conn, [good, bad])
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert [r[1] for r in conn.execute("PRAGMA table_info(a)")] == ["x"]
+
+
+def test_a_database_newer_than_the_code_is_refused(tmp_path):
+    conn = sqlite3.connect(tmp_path / "x.sqlite3", isolation_level=None)
+    conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(MigrationError, match="newer"):
+        apply_migrations(conn)
+
+
+async def test_write_transactions_commit_or_roll_back_whole(tmp_path):
+    db = await Database.open(tmp_path / "x.sqlite3")
+    try:
+        async with db.write() as tx:
+            await tx.execute("INSERT INTO runtime_settings VALUES ('a', '1', 0)")
+        with pytest.raises(RuntimeError):
+            async with db.write() as tx:
+                await tx.execute("INSERT INTO runtime_settings VALUES ('b', '2', 0)")
+                raise RuntimeError("boom")
+        keys = [r["key"] for r in await db.fetch_all("SELECT key FROM runtime_settings")]
+        assert keys == ["a"]
+        assert await db.fetch_value("PRAGMA journal_mode") == "wal"
+        assert await db.fetch_value("PRAGMA foreign_keys") == 1
+    finally:
+        await db.close()
+
+
+async def test_the_authority_fence_refuses_a_leader_that_lost_its_lease(tmp_path):
+    db = await Database.open(tmp_path / "x.sqlite3")
+    try:
+        leases = LeaseRepository(db)
+        first = await leases.try_acquire("one", now_ms=1_000, stale_after_ms=8_000)
+        assert first == Authority("one", 1)
+        assert await leases.try_acquire("two", now_ms=5_000, stale_after_ms=8_000) is None  # still fresh
+        second = await leases.try_acquire("two", now_ms=10_000, stale_after_ms=8_000)  # stale: taken over
+        assert second == Authority("two", 2)
+        with pytest.raises(AuthorityLost):
+            async with db.write(first) as tx:
+                await tx.execute("INSERT INTO runtime_settings VALUES ('late', 'x', 0)")
+        assert await db.fetch_value("SELECT COUNT(*) FROM runtime_settings") == 0
+        assert not await leases.refresh(first, 11_000)
+        assert await leases.refresh(second, 11_000)
+        await leases.release(second)
+        assert await leases.try_acquire("three", now_ms=11_001, stale_after_ms=8_000) == Authority("three", 3)
+    finally:
+        await db.close()
+
+
+async def test_an_outside_writer_is_waited_for(tmp_path):
+    import asyncio
+
+    path = tmp_path / "x.sqlite3"
+    db = await Database.open(path)
+    outside = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        outside.execute("BEGIN IMMEDIATE")
+
+        async def release_soon():
+            await asyncio.sleep(0.3)
+            outside.execute("COMMIT")
+
+        releaser = asyncio.create_task(release_soon())
+        async with db.write() as tx:  # blocks on the outside writer, then proceeds
+            await tx.execute("INSERT INTO runtime_settings VALUES ('after', 'lock', 0)")
+        await releaser
+        assert await db.fetch_value("SELECT value FROM runtime_settings WHERE key = 'after'") == "lock"
+    finally:
+        outside.close()
+        await db.close()
