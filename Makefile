@@ -25,3 +25,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# The soak/load test (tests/soak, docs/reliability.md): 25 followers, random SIGKILLs, about 2 minutes.
+soak: $(STAMP)
+	TOPICBUS_SOAK=1 PTB_TIMEDELTA=true $(BIN)/python -m pytest -q tests/soak -p no:cacheprovider
