@@ -148,6 +148,7 @@ class LeadershipTerm:
         self.pruner: FollowerPruner | None = None
         self.lost = asyncio.Event()
         self._leases = LeaseRepository(db)
+        self._polled_once = False
 
     def build_application(self) -> Application:
         s = self.settings
@@ -167,9 +168,11 @@ class LeadershipTerm:
         """Lead until ``stop`` or until the lease is lost; returns True when it was lost."""
         s = self.settings
         app = self.build_application()
-        await self._initialize(app, stop)
-        if stop.is_set():
-            return False
+        initialized = await self._initialize(app, stop)
+        if not initialized or stop.is_set():
+            if initialized:
+                await app.shutdown()
+            return self.lost.is_set()
         host_id = current_host_id()
         runtime = assemble_runtime(db=self.db, bot=app.bot, clock=self.clock, events=self.events, owner=self.owner,
                                    chat_id=s.chat_id or 0, liveness=ProcessLiveness(host_id),
@@ -233,21 +236,30 @@ class LeadershipTerm:
             await _wait_any(stop, self.lost, delay)
             delay = min(delay * 2, 60.0)
 
-    async def _initialize(self, app: Application, stop: asyncio.Event) -> None:
+    async def _initialize(self, app: Application, stop: asyncio.Event) -> bool:
+        """``getMe`` until Telegram answers. The lease refresh job does not run yet, so the lease is
+        refreshed here: a leader that waited past the stale window must not start polling."""
         delay = 0.5
         while not stop.is_set():
             try:
                 await app.initialize()
-                return
+                return True
             except InvalidToken as exc:
                 raise FatalLeaderError("Telegram rejected TOPICBUS_BOT_TOKEN (getMe failed)") from exc
             except (TimedOut, NetworkError) as exc:
                 logger.bind(phase="startup").warning("Telegram not reachable ({}); retrying", type(exc).__name__)
                 await _wait(stop, delay)
                 delay = min(delay * 2, 15.0)
+                if not await self._leases.refresh(self.authority, self.clock.now_ms()):
+                    self.lost.set()
+                    return False
+        return False
 
     def _polling_started(self) -> None:
         self.server.polling = True
+        if self._polled_once:  # a restarted poller: the startup window is not opened again
+            return
+        self._polled_once = True
         # Everything built so far (PTB, handlers, runtime) lives as long as the term: keep it out of
         # the cyclic collector's scans so collections on the routing path stay short.
         gc.collect()

@@ -216,3 +216,20 @@ async def test_unwritable_database_path_fails_with_one_clear_line(cluster: Clust
     assert len(problem) == 1, output  # one clear line that names the database path
     assert not db_path.exists()
     assert cluster.fake.calls_to("getUpdates") == []  # it never started polling
+
+
+async def test_leader_waits_for_telegram_at_startup_and_then_polls(cluster: Cluster):
+    cluster.fake.fail_next("getMe", status=502, description="Bad Gateway", times=3)
+    leader = await cluster.start_leader()
+    await cluster.wait_polling(timeout=30)
+    assert len(cluster.fake.calls_to("getMe")) >= 4
+    assert leader.process.returncode is None
+
+
+async def test_a_rejected_bot_token_exits_2_with_a_readable_line(cluster: Cluster):
+    cluster.fake.fail_next("getMe", status=401, description="Unauthorized")
+    leader = await cluster.start_leader()
+    assert await leader.wait(timeout=30) == 2
+    log = leader.log()
+    assert "rejected TOPICBUS_BOT_TOKEN" in log and "Traceback" not in log
+    assert cluster.fake.calls_to("getUpdates") == []
