@@ -17,7 +17,7 @@ from typing import Any
 
 from tests.fakebotapi import FakeBotApi
 
-TOKEN = "123456789:TEST-e2e-token-not-a-real-one-000000"
+TOKEN = "123456789:TEST-e2e-token-not-a-real-one"
 SECRET = "e2e-bus-secret-0123456789"
 OWNER_ID = 424242
 CHAT_ID = -1001234567890

@@ -688,7 +688,7 @@ async def test_structurally_malformed_telegram_updates_do_not_wedge_polling(clus
 # Configuration
 # --------------------------------------------------------------------------------------------------
 
-FAKE_TOKEN = "987654321:AAHfakeTokenValue-ForConfigTests_0123456"
+FAKE_TOKEN = "987654321:AAHfakeTokenValue-ForConfigTests"
 
 
 def run_leader_with(tmp: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

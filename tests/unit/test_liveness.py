@@ -23,8 +23,6 @@ from app.liveness import (
     process_start_ticks,
 )
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
-
 HOST = current_host_id()
 
 
@@ -33,7 +31,8 @@ def sleeper():
     procs: list[subprocess.Popen] = []
 
     def start() -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        # A child that waits for a signal (the test kills it); never a fixed sleep.
+        proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
         procs.append(proc)
         return proc
 
