@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 from loguru import logger
 
-from app.protocol import (BUS_PATH, MAX_FRAME_BYTES, ErrorCode, Kind, ProtocolError, ack, decode_frame, encode,
+from app.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, ErrorCode, Kind, ProtocolError, ack, decode_frame, encode,
                           error_ack, leader_identity, request_id_of)
 
 REPLAY_LEDGER_SIZE = 4096
@@ -66,6 +66,7 @@ class BusServer:
         app.router.add_get("/metrics", self._metrics_handler)
         app.router.add_get("/v1/status", self._status_handler)
         app.router.add_get(BUS_PATH, self._bus)
+        app.router.add_get(FILES_PATH + "/{file_id}", self._file)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
@@ -133,6 +134,18 @@ class BusServer:
         if not self._authorized(request):
             return web.json_response({"error": "unauthorized"}, status=401)
         return web.json_response(await self._status())
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        """An owner's document, for the follower it was routed to (Bearer secret)."""
+        if not self._authorized(request):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        runtime = self.runtime
+        if runtime is None:
+            return web.json_response({"error": "not-ready", "role": self.role}, status=503)
+        data = await runtime.fetch_document(request.match_info["file_id"])
+        if data is None:
+            return web.json_response({"error": "not-found"}, status=404)
+        return web.Response(body=data, content_type="application/octet-stream")
 
     # --- WebSocket --------------------------------------------------------------------------------
     async def _bus(self, request: web.Request) -> web.StreamResponse:

@@ -70,12 +70,16 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 # --------------------------------------------------------------------------------------------
 
 
-def delivery_line(delivery: Delivery) -> str | None:
+def delivery_line(delivery: Delivery, saved_path: str | None = None) -> str | None:
     """The stdin line (without its ``"\\n"``) for one delivery, or None when it carries nothing.
 
     The text, else the caption, else ``[document <fileName>]``; every ``\\r\\n``, ``\\n`` or ``\\r``
-    becomes one space, so a multi-line message arrives as one line.
+    becomes one space, so a multi-line message arrives as one line. A document saved to disk is
+    announced first as ``[document <path>]``, followed by the caption when there is one.
     """
+    if saved_path is not None:
+        caption = f" {delivery.caption}" if delivery.caption else ""
+        return _LINE_BREAK.sub(" ", f"[document {saved_path}]{caption}")
     if delivery.text is not None:
         body = delivery.text
     elif delivery.caption is not None:
@@ -86,6 +90,30 @@ def delivery_line(delivery: Delivery) -> str | None:
     else:
         return None
     return _LINE_BREAK.sub(" ", body)
+
+
+INBOX_DIR = os.path.join(".topicbus", "inbox")
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
+
+
+async def save_document(client: FollowerClient, delivery: Delivery, inbox: str) -> str | None:
+    """Download an owner's document into ``inbox`` (``<cwd>/.topicbus/inbox``); None on failure
+    (the line then names the document only, so the agent still learns that it was sent)."""
+    doc = delivery.document or {}
+    file_id = doc.get("fileId")
+    if not isinstance(file_id, str) or not file_id:
+        return None
+    name = _UNSAFE_NAME.sub("_", str(doc.get("fileName") or "document")).strip(". ") or "document"
+    path = os.path.join(inbox, f"{delivery.message_id or delivery.delivery_id}-{name[:100]}")
+    try:
+        data = await client.download_document(file_id)
+        os.makedirs(inbox, exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+    except Exception as exc:  # noqa: BLE001 - the message still reaches the agent
+        logger.warning("follow: document {} not saved ({})", file_id, type(exc).__name__)
+        return None
+    return path
 
 
 def exit_code_of(returncode: int) -> int:
@@ -286,7 +314,8 @@ async def run_follow(
     logger.info("follow: started child pid {}", child.pid)
 
     async def deliver(delivery: Delivery) -> None:
-        line = delivery_line(delivery)
+        saved = await save_document(client, delivery, inbox) if delivery.document else None
+        line = delivery_line(delivery, saved)
         if line is None:
             logger.info("follow: delivery {} carries no text; nothing written", delivery.delivery_id)
             return
@@ -300,11 +329,13 @@ async def run_follow(
         except (BrokenPipeError, ConnectionResetError):
             logger.warning("follow: the child's stdin is closed; delivery {} dropped", delivery.delivery_id)
 
+    workdir = os.path.abspath(cwd) if cwd else os.getcwd()
+    inbox = os.path.join(workdir, INBOX_DIR)
     client = FollowerClient(
         leader_url=leader_url,
         secret=secret,
         on_delivery=deliver,
-        cwd=os.path.abspath(cwd) if cwd else os.getcwd(),
+        cwd=workdir,
         session_id=session,
         name=name,
         pid=child.pid,

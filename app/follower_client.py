@@ -38,6 +38,7 @@ import aiohttp
 from loguru import logger
 
 from app.protocol import (
+    FILES_PATH,
     MAX_DOCUMENT_BYTES,
     MAX_FRAME_BYTES,
     MAX_TEXT_CHARS,
@@ -337,6 +338,24 @@ class FollowerClient:
     def failure(self) -> FollowerError | None:
         """The terminal error (superseded or refused), if any."""
         return self._fatal
+
+    async def download_document(self, file_id: str, max_bytes: int = 20 * 1024 * 1024) -> bytes:
+        """Fetch a document an owner sent to this follower (``Delivery.document["fileId"]``)."""
+        from urllib.parse import quote, urlsplit, urlunsplit
+
+        if self._session is None:
+            raise FollowerClosed("the follower client is not started")
+        parts = urlsplit(self._url)
+        scheme = "https" if parts.scheme == "wss" else "http"
+        url = urlunsplit((scheme, parts.netloc, f"{FILES_PATH}/{quote(file_id, safe='')}", "", ""))
+        async with self._session.get(url, headers={"Authorization": f"Bearer {self._secret}"},
+                                     timeout=aiohttp.ClientTimeout(total=max(self._request_timeout, 60))) as resp:
+            if resp.status != 200:
+                raise FollowerError(f"document download failed: HTTP {resp.status}")
+            data = await resp.content.read(max_bytes + 1)
+            if len(data) > max_bytes:
+                raise FollowerError("document is larger than the download limit")
+            return data
 
     # ---- lifecycle ----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ MAX_FRAME_BYTES = 1 << 20
 MAX_DOCUMENT_BYTES = 512 * 1024
 MAX_TEXT_CHARS = 4096
 BUS_PATH = "/v1/bus"
+FILES_PATH = "/v1/files"  # GET /v1/files/<fileId>: a routed owner document (Bearer secret)
 MAX_PID = 2**31 - 1  # pid_t is a signed 32-bit integer on every POSIX system we run on
 MAX_ERROR_DETAIL_CHARS = 160
 CAP_DELIVER = "deliver-v1"

@@ -8,6 +8,7 @@ store re-checks it inside the commit.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections import deque
@@ -382,6 +383,14 @@ class LeaderRuntime:
     def is_deliverable(self, binding_key: str) -> bool:
         """A registered (not pruned) follower with an open socket owns this binding."""
         return self.hub.is_online(binding_key) and self.registry.has_binding(binding_key)
+
+    async def fetch_document(self, file_id: str) -> bytes | None:
+        """The bytes of a document an owner sent, only if it was routed to a follower (the bus is
+        not a general proxy for Telegram files)."""
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", file_id) or not await self.journal.has_file(file_id):
+            return None
+        result = await self.gateway.download(file_id)
+        return result.value if result.ok else None
 
     async def purge_history(self, keep_ms: int) -> tuple[int, int]:
         """Drop delivered journal items and sent output older than ``keep_ms``."""

@@ -100,3 +100,11 @@ class TelegramGateway:
         return await self._call(self.bot.send_document(
             chat_id=chat_id, message_thread_id=thread_id, document=io.BytesIO(data), filename=file_name,
             caption=caption))
+
+    async def download(self, file_id: str) -> CallResult:
+        """getFile + download; Bot API bots can fetch files up to 20 MB."""
+        async def fetch() -> bytes:
+            file = await self.bot.get_file(file_id)
+            return bytes(await file.download_as_bytearray())
+
+        return await self._call(fetch())

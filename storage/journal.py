@@ -78,6 +78,13 @@ class JournalRepository:
                     (now_ms, seq, binding_key))
         return changed
 
+    async def has_file(self, file_id: str) -> bool:
+        """Whether a routed owner message carried this Telegram file."""
+        needle = '%"fileId":' + json.dumps(file_id) + '%'
+        return await self._db.fetch_value(
+            "SELECT EXISTS (SELECT 1 FROM inbound_journal WHERE payload LIKE ? ESCAPE '\\')",
+            (needle.replace("_", "\\_"),)) == 1
+
     async def count_pending(self) -> dict[str, int]:
         rows = await self._db.fetch_all(
             "SELECT binding_key, COUNT(*) AS n FROM inbound_journal WHERE status = 'pending' GROUP BY binding_key")

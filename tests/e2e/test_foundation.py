@@ -118,3 +118,20 @@ async def test_wrong_bus_secret_is_refused(cluster: Cluster, tmp_path):
     snap = await cluster.status()
     assert all(b["cwd"] != str(work) for b in snap["bindings"])
     assert "definitely-wrong-secret" not in follower.log()
+
+
+async def test_owner_document_is_saved_for_the_agent_and_only_routed_files_are_served(cluster: Cluster, tmp_path):
+    work = tmp_path / "repo-docs"
+    _, _, thread = await cluster.leader_with_follower(work)
+    content = b"line one\nline two\n" * 100
+    cluster.fake.push_message(CHAT_ID, None, thread_id=thread, from_id=OWNER_ID, caption="please read",
+                              document={"file_id": "DOCfile_1", "file_name": "notes (v2).txt", "content": content})
+    await cluster.wait_text(thread, "echo: [document ")
+    line = next(t for t in "\n".join(cluster.texts_in(thread)).splitlines() if t.startswith("echo: [document "))
+    path = line[len("echo: [document "):line.index("]")]
+    assert path.startswith(str(work / ".topicbus" / "inbox")) and line.endswith("please read")
+    assert open(path, "rb").read() == content
+    code, _ = cluster.http("/v1/files/SOMEONE_ELSES_FILE")
+    assert code == 404  # the bus is not a proxy for arbitrary Telegram files
+    code, _ = cluster.http("/v1/files/DOCfile_1", secret="wrong")
+    assert code == 401
