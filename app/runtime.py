@@ -114,6 +114,7 @@ class LeaderRuntime:
         self.restored: set[str] = set()  # instance ids restored from the store, not re-registered yet
         self._batch: list[tuple[int, str, dict[str, Any]]] | None = None
         self._journal_lock = asyncio.Lock()
+        self._target_cache: dict[tuple[int, int], str] = {}
         self.route_latency = LatencyWindow()
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0, "registrations": 0}
 
@@ -327,17 +328,32 @@ class LeaderRuntime:
 
         Inside :meth:`inbound_batch` the message is only queued; the batch is journaled in one
         transaction when the batch closes (before the poller confirms those updates)."""
-        binding = await self.bindings.by_target(chat_id, thread_id)
-        if binding is None or binding.kind != "follower":
+        binding_key = await self._follower_binding_for(chat_id, thread_id)
+        if binding_key is None:
             self.stats["ignored"] += 1
             return RouteResult(False, "unknown-topic")
         if self._batch is not None:
-            self._batch.append((update_id, binding.binding_key, payload))
+            self._batch.append((update_id, binding_key, payload))
             return RouteResult(True, "queued")
-        items = await self._journal_and_deliver([(update_id, binding.binding_key, payload)])
+        items = await self._journal_and_deliver([(update_id, binding_key, payload)])
         if not items:
             return RouteResult(False, "duplicate")
         return RouteResult(True, "journaled", items[0].delivery_id)
+
+    async def _follower_binding_for(self, chat_id: int, thread_id: int) -> str | None:
+        """The follower binding that owns a topic. Thread ids are never reused by Telegram, so a
+        found mapping stays true for as long as that topic can send updates; only hits are cached
+        (a topic created later is looked up in the store)."""
+        cached = self._target_cache.get((chat_id, thread_id))
+        if cached is not None:
+            return cached
+        binding = await self.bindings.by_target(chat_id, thread_id)
+        if binding is None or binding.kind != "follower":
+            return None
+        if len(self._target_cache) > 4096:
+            self._target_cache.clear()
+        self._target_cache[(chat_id, thread_id)] = binding.binding_key
+        return binding.binding_key
 
     @asynccontextmanager
     async def inbound_batch(self, received_at: float | None = None) -> AsyncIterator[None]:
