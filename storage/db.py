@@ -116,6 +116,15 @@ class Database(_Reader):
                 await self._rollback()
                 raise StorageUnavailable(f"commit failed: {exc}") from exc
 
+    async def write_statement(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        """One self-contained write statement in its own implicit transaction (one worker-thread
+        hop). The statement must carry its own authority check (see ``JournalRepository``)."""
+        async with self._write_lock:
+            try:
+                return list(await self._conn.execute_fetchall(sql, params))
+            except sqlite3.OperationalError as exc:
+                raise StorageUnavailable(f"write failed: {exc}") from exc
+
     async def _begin(self) -> None:
         for delay in (*LOCKED_RETRY_DELAYS_S, None):
             try:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from storage.db import Authority, Database
+from storage.db import Authority, AuthorityLost, Database
 
 DELIVERY_PREFIX = "d-"
 
@@ -43,17 +43,33 @@ class JournalRepository:
 
     async def append_many(self, rows: list[tuple[int, str, dict[str, Any]]], now_ms: int,
                           authority: Authority | None) -> list[JournalItem]:
-        """Journal a batch of routed updates in one transaction; already journaled ones are skipped."""
-        added: list[JournalItem] = []
-        async with self._db.write(authority) as tx:
-            for update_id, binding_key, payload in rows:
-                found = await tx.fetch_all(
-                    """INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms)
-                       VALUES (?, ?, ?, ?) ON CONFLICT (update_id) DO NOTHING RETURNING seq""",
-                    (update_id, binding_key, json.dumps(payload, separators=(",", ":")), now_ms))
-                if found:
-                    added.append(JournalItem(int(found[0]["seq"]), update_id, binding_key, payload, 0))
-        return added
+        """Journal a batch of routed updates atomically; already journaled ones are skipped.
+
+        One statement on the hot path: the rows, the duplicate check (``ON CONFLICT``) and the
+        authority check (the lease row must still name this leader) commit or fail together."""
+        rows = list({update_id: (update_id, key, payload) for update_id, key, payload in rows}.values())
+        if not rows:
+            return []
+        values = ", ".join("(?, ?, ?, ?)" for _ in rows)
+        params: list[Any] = []
+        for update_id, binding_key, payload in rows:
+            params += [update_id, binding_key, json.dumps(payload, separators=(",", ":")), now_ms]
+        fence = "1"
+        if authority is not None:
+            fence = "EXISTS (SELECT 1 FROM leader_lease WHERE id = 1 AND owner = ? AND epoch = ?)"
+            params += [authority.owner, authority.epoch]
+        found = await self._db.write_statement(
+            f"""INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms)
+                SELECT column1, column2, column3, column4 FROM (VALUES {values}) WHERE {fence}
+                ON CONFLICT (update_id) DO NOTHING RETURNING seq, update_id""", params)
+        if not found and authority is not None and not await self._still_leader(authority):
+            raise AuthorityLost("leader lease changed hands")
+        seqs = {r["update_id"]: int(r["seq"]) for r in found}
+        return sorted((JournalItem(seqs[u], u, k, p, 0) for u, k, p in rows if u in seqs), key=lambda i: i.seq)
+
+    async def _still_leader(self, authority: Authority) -> bool:
+        row = await self._db.fetch_one("SELECT owner, epoch FROM leader_lease WHERE id = 1")
+        return row is not None and (row["owner"], row["epoch"]) == (authority.owner, authority.epoch)
 
     async def pending(self, binding_key: str, limit: int = 500, after_seq: int = 0) -> list[JournalItem]:
         rows = await self._db.fetch_all(

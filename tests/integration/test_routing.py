@@ -73,3 +73,27 @@ async def test_topic_service_messages_update_the_store(env: LeaderEnv):
     await runtime.topic_renamed(CHAT, r["threadId"], "My agent")
     binding = await env.binding("/w")
     assert binding.topic_state == "open" and binding.manual_name == "My agent" and binding.title == "My agent"
+
+
+async def test_journal_refuses_a_leader_that_lost_its_lease(env: LeaderEnv):
+    import pytest
+
+    from storage.db import AuthorityLost
+
+    runtime = await env.start()
+    r = await env.register("a", cwd="/w", pid=10)
+    async with env.db.write() as tx:
+        await tx.execute("UPDATE leader_lease SET owner = 'successor', epoch = epoch + 1")
+    with pytest.raises(AuthorityLost):
+        await runtime.route_owner_message(700, CHAT, r["threadId"], payload("too late"))
+    assert await env.db.fetch_value("SELECT COUNT(*) FROM inbound_journal") == 0
+
+
+async def test_a_batch_is_journaled_in_order_and_repeated_update_ids_count_once(env: LeaderEnv):
+    runtime = await env.start()
+    r = await env.register("a", cwd="/w", pid=10)
+    async with runtime.inbound_batch():
+        for update_id in (801, 802, 802, 803):
+            await runtime.route_owner_message(update_id, CHAT, r["threadId"], payload(f"u{update_id}"))
+    texts = [d["item"]["text"] for d in env.connections["a"].deliveries()]
+    assert texts == ["u801", "u802", "u803"]
