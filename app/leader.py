@@ -64,7 +64,7 @@ class LeaderProcess:
         if self.settings.bus_secret is None or not self.settings.bus_secret.get_secret_value():
             logger.bind(phase="startup").warning(
                 "TOPICBUS_BUS_SECRET is not set: the bus refuses every follower until it is configured")
-        db = await Database.open(self.settings.db_path)
+        db = await Database.open(self.settings.db_path, synchronous=self.settings.db_synchronous)
         leases = LeaseRepository(db)
         bind_task = asyncio.create_task(self.server.start_with_retry(stop), name="bus-bind")
         authority: Authority | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -46,6 +46,7 @@ class Settings(BaseSettings):
 
     # --- leader: storage and bus --------------------------------------------------------------
     db_path: Path = Path("./data/topicbus.sqlite3")
+    db_synchronous: Literal["full", "normal"] = "full"
     bus_host: str = "127.0.0.1"
     bus_port: int = Field(default=8765, ge=0, le=65535)
     bus_secret: SecretStr | None = None
@@ -76,6 +77,11 @@ class Settings(BaseSettings):
             except ValueError as exc:
                 raise ValueError("must be comma-separated integer Telegram user ids") from exc
         return value
+
+    @field_validator("db_synchronous", mode="before")
+    @classmethod
+    def _lower_sync(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from loguru import logger
 from storage.migrate import apply_migrations
 
 BUSY_TIMEOUT_MS = 5_000
+_SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 LOCKED_RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 
 
@@ -61,7 +62,10 @@ class Database(_Reader):
         self.path = path
 
     @classmethod
-    async def open(cls, path: str | Path) -> Database:
+    async def open(cls, path: str | Path, *, synchronous: str = "full") -> Database:
+        """Open (creating and migrating) the database. ``synchronous`` is SQLite's durability level
+        in WAL mode: ``full`` (default) survives power loss; ``normal`` survives process crashes only
+        and skips the fsync per commit."""
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +77,7 @@ class Database(_Reader):
         try:
             conn.row_factory = aiosqlite.Row
             await conn.execute("PRAGMA journal_mode=WAL")
-            await conn.execute("PRAGMA synchronous=FULL")
+            await conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[synchronous]}")
             await conn.execute("PRAGMA foreign_keys=ON")
             await conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             return cls(conn, path)

@@ -99,3 +99,14 @@ async def test_an_outside_writer_is_waited_for(tmp_path):
     finally:
         outside.close()
         await db.close()
+
+
+async def test_durability_level_is_configurable(tmp_path):
+    full = await Database.open(tmp_path / "a.sqlite3")
+    normal = await Database.open(tmp_path / "b.sqlite3", synchronous="normal")
+    try:
+        assert await full.fetch_value("PRAGMA synchronous") == 2  # FULL: fsync on every commit
+        assert await normal.fetch_value("PRAGMA synchronous") == 1  # NORMAL: fsync at checkpoints
+    finally:
+        await full.close()
+        await normal.close()
