@@ -135,13 +135,19 @@ class BusServer:
             return web.json_response({"error": "unauthorized"}, status=401)
         return web.json_response(await self._status())
 
-    async def _file(self, request: web.Request) -> web.StreamResponse:
-        """An owner's document, for the follower it was routed to (Bearer secret)."""
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        """401 without the secret, 503 until the leader has published the bus; None when served."""
         if not self._authorized(request):
             return web.json_response({"error": "unauthorized"}, status=401)
-        runtime = self.runtime
-        if runtime is None:
+        if self.runtime is None:
             return web.json_response({"error": "not-ready", "role": self.role}, status=503)
+        return None
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        """An owner's document, for the follower it was routed to (Bearer secret)."""
+        runtime = self.runtime
+        if (refused := self._refusal(request)) is not None:
+            return refused
         data = await runtime.fetch_document(request.match_info["file_id"])
         if data is None:
             return web.json_response({"error": "not-found"}, status=404)
@@ -149,11 +155,9 @@ class BusServer:
 
     # --- WebSocket --------------------------------------------------------------------------------
     async def _bus(self, request: web.Request) -> web.StreamResponse:
-        if not self._authorized(request):
-            return web.json_response({"error": "unauthorized"}, status=401)
         runtime = self.runtime
-        if runtime is None:
-            return web.json_response({"error": "not-ready", "role": self.role}, status=503)
+        if (refused := self._refusal(request)) is not None:
+            return refused
         ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, heartbeat=None, autoping=True)
         await ws.prepare(request)
         self._sockets.add(ws)
