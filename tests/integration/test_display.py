@@ -7,10 +7,9 @@ import time
 
 import pytest
 
-from app.protocol import Kind
 from app.runtime import DisplayModeRefused
 from app.settings import DisplayMode
-from tests.integration.leader_env import CHAT, LeaderEnv, fenced
+from tests.integration.leader_env import CHAT, LeaderEnv
 
 
 async def until(predicate, timeout: float = 5.0, what: str = "condition"):

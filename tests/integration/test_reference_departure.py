@@ -6,7 +6,6 @@ manual clock; Telegram is the fake Bot API; liveness is a fake port (pid → ali
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
@@ -186,7 +185,7 @@ async def test_case49_unconfirmed_deletion_keeps_intent_and_binding(env: LeaderE
 
 
 async def test_case50_confirmed_dead_cleanup_keeps_workspace_identity(env: LeaderEnv):
-    runtime = await env.start()
+    await env.start()
     first = await env.register("f", cwd="/keep", pid=600, name="Cedar")
     env.set_dead(600)
     await prune(env)
@@ -202,7 +201,7 @@ async def test_case50_confirmed_dead_cleanup_keeps_workspace_identity(env: Leade
 
 
 async def test_case51_successor_replays_cleanup_before_provisioning_and_cancels_superseded(env: LeaderEnv):
-    runtime = await env.start()
+    await env.start()
     a = await env.register("a", cwd="/a", pid=700, generation="ga")
     b = await env.register("b", cwd="/b", pid=701, generation="gb")
     # a's cleanup intent is durable but its deletion never happened (the leader died)
