@@ -242,6 +242,8 @@ class FakeBotApi:
         content: JSON = {}
         if text is not None:
             content["text"] = text
+            if text.startswith("/"):  # Telegram marks a leading command as a bot_command entity
+                content["entities"] = [{"type": "bot_command", "offset": 0, "length": len(text.split()[0])}]
         if document is not None:
             data = document.get("content")
             doc = {"file_id": document["file_id"],

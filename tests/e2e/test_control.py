@@ -1,0 +1,75 @@
+"""The control topic through Telegram (SPEC §4.4): owners' commands answered in the control topic,
+bad arguments get a clear answer, strangers are ignored; topic service messages update the store."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.harness import CHAT_ID, OWNER_ID, Cluster
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_control_commands_answer_owners_in_the_control_topic(cluster: Cluster, tmp_path):
+    work = tmp_path / "ctl-agent"
+    _, _, thread = await cluster.leader_with_follower(work)
+    control = (await cluster.status())["controlThreadId"]
+
+    async def ask(text: str, expect: str) -> str:
+        before = len(cluster.texts_in(control))
+        cluster.fake.push_message(CHAT_ID, text, thread_id=control, from_id=OWNER_ID)
+        await cluster.wait_for(lambda: len(cluster.texts_in(control)) > before, message=f"answer to {text}")
+        answer = cluster.texts_in(control)[before]
+        assert expect in answer, answer
+        return answer
+
+    board = await ask("/status", "topicbus · leader")
+    assert any(line.startswith("B ") and "live" in line for line in board.splitlines())
+    await ask("/help", "/forget <slot>")
+    await ask("/cleanup maybe", "Usage: /cleanup on|off (currently on)")
+    await ask("/cleanup off", "Thread cleanup is off")
+    assert (await cluster.status())["cleanupPolicy"] == "off"
+    await ask("/mode rainbow", "Usage: /mode")
+    await ask("/mode names", "Display mode is now names")
+    assert (await cluster.status())["displayMode"] == "names"
+    await ask("/forget", "Usage: /forget <slot letter>")
+    await ask("/forget B", "has a live follower")
+
+    # a stranger's command is ignored: no answer, nothing changed
+    before = len(cluster.texts_in(control))
+    cluster.fake.push_message(CHAT_ID, "/cleanup on", thread_id=control, from_id=OWNER_ID + 7)
+    cluster.fake.push_message(CHAT_ID, "/status", thread_id=control, from_id=OWNER_ID)
+    await cluster.wait_for(lambda: len(cluster.texts_in(control)) > before, message="answer to the owner")
+    assert len(cluster.texts_in(control)) == before + 1
+    assert (await cluster.status())["cleanupPolicy"] == "off"
+    # a command typed in an agent's topic goes to the agent like any message
+    cluster.fake.push_message(CHAT_ID, "/status", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "echo: /status")
+
+
+async def test_topic_service_messages_update_the_store(cluster: Cluster, tmp_path):
+    work = tmp_path / "svc-agent"
+    _, _, thread = await cluster.leader_with_follower(work)
+
+    async def binding():
+        snap = await cluster.status()
+        return next(b for b in snap["bindings"] if b["cwd"] == str(work))
+
+    cluster.fake.push_topic_event(CHAT_ID, thread, "closed", from_id=OWNER_ID)
+    await cluster.wait_for(lambda: _state(binding, "closed"), message="topic closed recorded")
+    cluster.fake.push_topic_event(CHAT_ID, thread, "reopened", from_id=OWNER_ID)
+    await cluster.wait_for(lambda: _state(binding, "open"), message="topic reopened recorded")
+    cluster.fake.push_topic_event(CHAT_ID, thread, "edited", "My agent", from_id=OWNER_ID)
+
+    async def titled(name: str) -> bool:
+        return (await binding())["title"] == name
+
+    await cluster.wait_for(lambda: titled("My agent"), message="owner's rename adopted as the title")
+    cluster.fake.push_topic_event(CHAT_ID, thread, "edited", "Someone else's name", from_id=OWNER_ID + 3)
+    cluster.fake.push_topic_event(CHAT_ID, thread, "closed", from_id=OWNER_ID)  # processed after the rename
+    await cluster.wait_for(lambda: _state(binding, "closed"), message="later event recorded")
+    assert await titled("My agent")  # a stranger's rename is not adopted
+
+
+async def _state(binding, expected: str) -> bool:
+    return (await binding())["topicState"] == expected
