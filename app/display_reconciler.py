@@ -154,6 +154,7 @@ class DisplayReconciler:
                 if current is None or current.thread_id != binding.thread_id:
                     raise DisplayEditFailed("Topic binding changed before its title was committed.")
                 await BindingRepository.set_display_title_tx(tx, binding.binding_key, title)
+            self._runtime.title_changed(binding.binding_key)
             changed += 1
             self.edits += 1
         if changed:

@@ -115,6 +115,7 @@ class LeaderRuntime:
         self._batch: list[tuple[int, str, dict[str, Any]]] | None = None
         self._journal_lock = asyncio.Lock()
         self._target_cache: dict[tuple[int, int], str] = {}
+        self._titles: dict[str, str] = {}
         self.route_latency = LatencyWindow()
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0, "registrations": 0}
 
@@ -219,6 +220,7 @@ class LeaderRuntime:
             self.hub.detach_connection(previous)
         self.connections[req.instance_id] = connection
         self.hub.attach(key, req.instance_id, record.registration_generation, connection)
+        self.title_changed(key)
         self.stats["registrations"] += 1
         self.events.record("Follower registered", phase="follower-registered", instanceId=req.instance_id,
                            slot=binding.slot, threadId=binding.thread_id, created=created)
@@ -251,8 +253,20 @@ class LeaderRuntime:
     async def heartbeat(self, req: Fenced) -> dict[str, Any]:
         entry = self._fenced(req)
         self.registry.heartbeat(entry.instance_id, self.clock.now_ms())
-        binding = await self.bindings.get(entry.binding_key or "")
-        return {"displayTitle": binding.title if binding else None}
+        return {"displayTitle": await self.display_title(entry.binding_key or "")}
+
+    async def display_title(self, binding_key: str) -> str | None:
+        """A binding's current title, read through a small cache: heartbeats ask every second."""
+        if binding_key not in self._titles:
+            binding = await self.bindings.get(binding_key)
+            if binding is None:
+                return None
+            self._titles[binding_key] = binding.title
+        return self._titles[binding_key]
+
+    def title_changed(self, binding_key: str) -> None:
+        """Every writer of a binding's title calls this (registration, reconciler, rename)."""
+        self._titles.pop(binding_key, None)
 
     async def disconnect(self, req: Fenced) -> dict[str, Any]:
         entry = self._fenced(req)
@@ -454,6 +468,7 @@ class LeaderRuntime:
             return
         async with self.db.write(self.require_authority()) as tx:
             await BindingRepository.set_manual_name_tx(tx, binding.binding_key, name[:128])
+        self.title_changed(binding.binding_key)
 
     async def set_cleanup_policy(self, enabled: bool) -> None:
         await self.runtime_settings.set(CLEANUP_POLICY, "on" if enabled else "off", self.clock.now_ms(),

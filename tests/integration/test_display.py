@@ -163,3 +163,17 @@ async def test_forget_slot_applies_the_cleanup_policy(env: LeaderEnv):
     assert "already detached" in await runtime.forget_slot(r["slot"])
     assert "control topic" in await runtime.forget_slot("A")
     assert "No binding" in await runtime.forget_slot("Q")
+
+
+async def test_heartbeat_answers_the_current_title_after_a_change(env: LeaderEnv):
+    from app.protocol import Kind
+    from tests.integration.leader_env import fenced
+
+    runtime = await env.start()
+    r = await env.register("a", cwd="/work/alpha-beta", pid=5)
+    beat = fenced(Kind.HEARTBEAT, "a", "g1")
+    assert (await runtime.heartbeat(beat))["displayTitle"] == r["slot"]
+    await runtime.set_display_mode(DisplayMode.DIRECTORY_TITLE)
+    assert (await runtime.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1")))["displayTitle"] == "Alpha Beta"
+    await runtime.topic_renamed(CHAT, r["threadId"], "Renamed by owner")
+    assert (await runtime.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1")))["displayTitle"] == "Renamed by owner"
