@@ -54,11 +54,6 @@ class DeliveryHub:
     def attach(self, binding_key: str, instance_id: str, generation: str, connection: FollowerConnection) -> None:
         self._routes[binding_key] = _Route(instance_id, generation, connection)
 
-    def detach(self, binding_key: str, instance_id: str | None = None) -> None:
-        route = self._routes.get(binding_key)
-        if route is not None and (instance_id is None or route.instance_id == instance_id):
-            del self._routes[binding_key]
-
     def detach_connection(self, connection: FollowerConnection) -> None:
         for key in [k for k, r in self._routes.items() if r.connection is connection]:
             del self._routes[key]

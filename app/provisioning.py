@@ -44,15 +44,13 @@ class ProvisionRequest:
 
 class TopicProvisioner:
     def __init__(self, *, db: Database, bindings: BindingRepository, gateway: TelegramGateway, clock: Clock,
-                 chat_id: int, display_mode: Callable[[], DisplayMode],
-                 reserved_slots: Callable[[], set[str]] | None = None):
+                 chat_id: int, display_mode: Callable[[], DisplayMode]):
         self._db = db
         self._bindings = bindings
         self._gateway = gateway
         self._clock = clock
         self._chat_id = chat_id
         self._display_mode = display_mode
-        self._reserved_slots = reserved_slots or (lambda: set())
         self.gate = asyncio.Lock()
 
     async def provision(self, request: ProvisionRequest, authority: Authority) -> tuple[Binding, bool]:
@@ -90,7 +88,9 @@ class TopicProvisioner:
         """Durably reserve a slot for a new binding before any Telegram call (no topic yet)."""
         now = self._clock.now_ms()
         async with self._db.write(authority) as tx:
-            used = await BindingRepository.used_slots_tx(tx) | {s.upper() for s in self._reserved_slots()}
+            # A letter under a retirement fence still belongs to the victim's binding row until the
+            # commit that removes binding, intent and fence together, so it is never taken here.
+            used = await BindingRepository.used_slots_tx(tx)
             slot = next((to_durable_slot(letter) for letter in SLOT_LETTERS if letter.upper() not in used), None)
             if slot is None:
                 raise SlotUnavailable()

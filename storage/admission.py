@@ -163,10 +163,6 @@ class AdmissionLedger:
         row = await self._db.fetch_one("SELECT * FROM retirement_fence WHERE id = 1")
         return None if row is None else _fence_row(row)
 
-    async def reserved_slots(self) -> set[str]:
-        fence = await self.fence()
-        return {fence.slot} if fence is not None else set()
-
     async def acquire_fence(self, *, operation_id: str, intent_id: str, binding_key: str, slot: str, chat_id: int,
                             thread_id: int, leader_epoch: int) -> Fence | str:
         """Fence one retirement; returns the fence, or the blocking reason."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,14 +162,12 @@ class Transaction(_Reader):
         return cur.rowcount
 
     async def insert(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one INSERT; returns the new row id."""
         try:
             cur = await self._conn.execute(sql, params)
         except sqlite3.OperationalError as exc:
             raise StorageUnavailable(str(exc)) from exc
         return int(cur.lastrowid or 0)
-
-    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        await self._conn.executemany(sql, rows)
 
 
 def _migrate_file(path: Path) -> int:
