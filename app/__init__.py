@@ -1,3 +1,39 @@
-"""topicbus: one Telegram bot, many live agent processes, one forum topic each."""
+"""topicbus: one Telegram bot, many live agent processes, one forum topic each.
 
-__version__ = "0.1.0"
+The public surface for follower authors is re-exported here::
+
+    from topicbus import FollowerClient, Delivery
+
+It is imported lazily, so ``import topicbus`` (and the follower client) never pulls in the
+leader's stack (python-telegram-bot, aiosqlite, APScheduler).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "Assignment",
+    "Delivery",
+    "FollowerClient",
+    "FollowerClosed",
+    "FollowerError",
+    "FollowerRefused",
+    "FollowerSendError",
+    "FollowerSuperseded",
+    "__version__",
+]
+
+if TYPE_CHECKING:
+    from topicbus.follower.client import (Assignment, Delivery, FollowerClient, FollowerClosed, FollowerError,
+                                          FollowerRefused, FollowerSendError, FollowerSuperseded)
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__ and name != "__version__":
+        from topicbus.follower import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'topicbus' has no attribute {name!r}")

@@ -12,8 +12,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from app import __version__
-from app.settings import ENV_PREFIX, ConfigurationError, Settings, load_settings, missing_leader_variables
+from topicbus import __version__
+from topicbus.settings import ENV_PREFIX, ConfigurationError, Settings, load_settings, missing_leader_variables
 
 EXIT_CONFIG = 2
 
@@ -92,13 +92,13 @@ def cmd_leader() -> int:
     problems = settings.leader_problems()
     if problems:
         _config_exit(problems)
-    from app.logsetup import configure_logging
+    from topicbus.logsetup import configure_logging
 
     configure_logging(level=settings.log_level, json=settings.log_json, secrets=settings.secrets())
-    from app.leader import FatalLeaderError, LeaderProcess
+    from topicbus.leader.process import FatalLeaderError, LeaderProcess
 
-    from storage.db import StorageUnavailable
-    from storage.migrate import MigrationError
+    from topicbus.storage.db import StorageUnavailable
+    from topicbus.storage.migrate import MigrationError
 
     async def main(stop: asyncio.Event) -> int:
         try:
@@ -126,8 +126,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
     leader_url = args.leader or settings.leader_url
     if not leader_url.startswith(("ws://", "wss://")):
         _config_exit(["--leader: must start with ws:// or wss://"])
-    from app.follow import run_follow
-    from app.logsetup import configure_logging
+    from topicbus.follower.follow import run_follow
+    from topicbus.logsetup import configure_logging
 
     configure_logging(level=settings.log_level, json=settings.log_json, secrets=[secret, *settings.secrets()])
     return asyncio.run(run_follow(leader_url=leader_url, secret=secret, command=argv, cwd=args.cwd,
@@ -153,7 +153,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(snapshot, indent=2, sort_keys=True))
     else:
-        from app.status import render_text
+        from topicbus.core.board import render_text
 
         print(render_text(snapshot))
     return 0

@@ -7,8 +7,8 @@ median of many), so the end-to-end figure can be explained:
 1. PTB parses the ``getUpdates`` JSON into an ``Update`` (``Update.de_json``; the fake sends what
    Telegram sends for a topic message, including the nested ``reply_to_message``);
 2. PTB dispatches it through the leader's handlers (``Application.process_update`` with the real
-   ``handlers.register_all`` and a runtime stub whose ``route_owner_message`` does nothing);
-3. the runtime's storage calls for one message, on a real ``storage.db.Database`` (aiosqlite, WAL,
+   ``topicbus.handlers.register_all`` and a runtime stub whose ``route_owner_message`` does nothing);
+3. the runtime's storage calls for one message, on a real ``topicbus.storage.db.Database`` (aiosqlite, WAL,
    ``synchronous=FULL``): ``BindingRepository.by_target``, ``JournalRepository.append``,
    ``JournalRepository.pending`` (the delivery kick), ``JournalRepository.mark_delivered`` (the
    receipt) — and how many aiosqlite thread round trips each one takes;
@@ -150,10 +150,10 @@ async def _get_updates_round_trip(n: int) -> float:
 
 
 async def _storage_steps(workdir: Path, n: int) -> tuple[dict[str, float], dict[str, float]]:
-    from storage.bindings import Binding, BindingRepository
-    from storage.db import Database
-    from storage.journal import JournalRepository
-    from storage.lease import LeaseRepository
+    from topicbus.storage.bindings import Binding, BindingRepository
+    from topicbus.storage.db import Database
+    from topicbus.storage.journal import JournalRepository
+    from topicbus.storage.lease import LeaseRepository
 
     db = await Database.open(workdir / "breakdown.sqlite3")
     try:
@@ -277,7 +277,7 @@ def _sync_sqlite_append(workdir: Path, n: int) -> float:
 
 def _registry_steps(n: int) -> dict[str, float]:
     """``LeaderRuntime.is_deliverable`` scans ``FollowerRegistry.list()`` (a copy of every record) per update."""
-    from app.registry import FollowerRecord, FollowerRegistry, Target
+    from topicbus.core.registry import FollowerRecord, FollowerRegistry, Target
 
     registry = FollowerRegistry()
     for i in range(25):
@@ -289,7 +289,7 @@ def _registry_steps(n: int) -> dict[str, float]:
 
 
 def _frame_steps(n: int) -> dict[str, float]:
-    from app.protocol import decode_frame, encode
+    from topicbus.protocol import decode_frame, encode
 
     frame = {"kind": "leader.deliver", "requestId": "d-123", "deliveryId": "d-123", "instanceId": "bench-1",
              "registrationGeneration": "0" * 32,

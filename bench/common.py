@@ -4,10 +4,10 @@ Everything runs on loopback on this machine:
 
 * the fake Bot API (:class:`BenchFakeBotApi`, a thin subclass of ``tests.fakebotapi.FakeBotApi``)
   runs **in the bench process**, in the bench's event loop;
-* the leader is a **real subprocess** (``sys.executable -m app leader``) configured through
+* the leader is a **real subprocess** (``sys.executable -m topicbus leader``) configured through
   ``TOPICBUS_*`` variables the way ``tests/e2e/harness.py`` does it (fast poll timeout, rate limits
   raised out of the way, a temporary database);
-* followers are in-process :class:`app.follower_client.FollowerClient` objects.
+* followers are in-process :class:`topicbus.follower.client.FollowerClient` objects.
 
 Because the fake server and the followers share the bench process, both ends of an inbound
 latency (the moment ``getUpdates`` handed an update out, the moment a follower received it) are
@@ -38,8 +38,8 @@ import aiohttp
 from aiohttp import web
 from loguru import logger
 
-from app.follower_client import Delivery, FollowerClient
-from app.protocol import Kind, follower_identity
+from topicbus.follower.client import Delivery, FollowerClient
+from topicbus.protocol import Kind, follower_identity
 from tests.fakebotapi import FLOOD_METHODS, ApiError, FakeBotApi
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -286,7 +286,7 @@ class LeaderProc:
             args += ["-m", "pyinstrument", "-i", "0.0002", "-r", "pyisession", "-o", str(self.profile_path)]
         elif self.profile_path is not None:
             args += ["-m", "cProfile", "-o", str(self.profile_path)]
-        args += ["-m", "app", "leader"]
+        args += ["-m", "topicbus", "leader"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
         try:
             self.started_at = time.monotonic()
@@ -544,7 +544,7 @@ class RawBus:
 
     async def register(self, cwd: str) -> tuple[float, dict[str, Any]]:
         """``follower.register`` → ack; returns (seconds, ack)."""
-        from app.liveness import current_host_id, process_birth_id
+        from topicbus.host import current_host_id, process_birth_id
 
         self.generation = uuid.uuid4().hex
         frame = {"kind": Kind.REGISTER.value, "instanceId": self.instance_id,

@@ -1,6 +1,6 @@
 """Benchmark 4 — prune-tick cost: ``FollowerPruner.tick()`` with 26 followers, in-process.
 
-Pure CPU: a real :class:`app.pruning.FollowerPruner` over a real :class:`app.registry.FollowerRegistry`
+Pure CPU: a real :class:`topicbus.core.pruning.FollowerPruner` over a real :class:`topicbus.core.registry.FollowerRegistry`
 with fake ports (clock, epoch, cleanup policy, event sink; nothing touches a network or a disk).
 
 * **26 pending observations** (the brief's case): 26 followers registered, all heartbeat-stale,
@@ -9,7 +9,7 @@ with fake ports (clock, epoch, cleanup policy, event sink; nothing touches a net
   many ticks, and of the first (pruning) tick over fresh setups.
 * **26 live followers** (steady state): fresh heartbeats, nothing to prune.
 * **26 pending observations, real /proc liveness**: as the first case, but with the production
-  :class:`app.liveness.ProcessLiveness` probing live processes on this host (each probe reads
+  :class:`topicbus.host.ProcessLiveness` probing live processes on this host (each probe reads
   ``/proc/<pid>/stat``; the answer is ALIVE, so nothing is ever proven dead).
 
 The prune job runs every ``TOPICBUS_PRUNE_INTERVAL_MS`` (1 s by default); the budget used here,
@@ -23,10 +23,10 @@ import statistics
 import time
 from collections.abc import Callable
 
-from app.liveness import Liveness, ProcessLiveness, current_host_id, process_birth_id
-from app.mutations import FollowerMutationQueue
-from app.pruning import FollowerPruner
-from app.registry import FollowerRecord, FollowerRegistry, Target
+from topicbus.host import Liveness, ProcessLiveness, current_host_id, process_birth_id
+from topicbus.core.mutations import FollowerMutationQueue
+from topicbus.core.pruning import FollowerPruner
+from topicbus.core.registry import FollowerRecord, FollowerRegistry, Target
 from bench.common import CHAT_ID, Context, fmt, say
 
 BUDGET_MS = 1.0

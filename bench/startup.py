@@ -7,7 +7,7 @@ the first HTTP answer of the bus server. Idle RSS is VmRSS from /proc/<pid>/stat
 has been idle (no followers) for a moment.
 
 Two more figures explain the cold start: the interpreter alone (``python -c pass``) and importing
-the leader's modules (``python -c "import app.leader"``). One extra start with the production
+the leader's modules (``python -c "import topicbus.leader.process"``). One extra start with the production
 default ``TOPICBUS_POLL_TIMEOUT_S`` (10 s) shows how readiness depends on the long-poll timeout.
 """
 
@@ -107,8 +107,8 @@ async def run(ctx: Context) -> None:
             say(f"  with the production default TOPICBUS_POLL_TIMEOUT_S=10: /healthz 200 after "
                 f"{default_poll['ready_s']:.3f} s")
     bare = median([await asyncio.to_thread(_python_run_s, "pass") for _ in range(3)])
-    imports = median([await asyncio.to_thread(_python_run_s, "import app.leader") for _ in range(3)])
-    say(f"  python -c pass: {bare:.3f} s; python -c 'import app.leader': {imports:.3f} s")
+    imports = median([await asyncio.to_thread(_python_run_s, "import topicbus.leader.process") for _ in range(3)])
+    say(f"  python -c pass: {bare:.3f} s; python -c 'import topicbus.leader.process': {imports:.3f} s")
 
     ready = median([r["ready_s"] for r in results])
     idle = median([r["rss_idle_mb"] for r in results])

@@ -6,7 +6,7 @@ from typing import Any
 
 from telegram.ext import Application
 
-from handlers import control, topic_events, topic_messages
+from topicbus.handlers import control, topic_events, topic_messages
 
 
 def register_all(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozenset[int]) -> None:

@@ -7,11 +7,11 @@ from typing import Any
 from telegram import Update
 from telegram.ext import Application, CommandHandler, ContextTypes
 
-from app.runtime import DisplayModeRefused
-from app.settings import DisplayMode
-from app.status import render_board
-from storage.admission import AdmissionBlocked
-from handlers.filters import InThread, owner_messages
+from topicbus.leader.runtime import DisplayModeRefused
+from topicbus.settings import DisplayMode
+from topicbus.core.board import render_board
+from topicbus.storage.admission import AdmissionBlocked
+from topicbus.handlers.filters import InThread, owner_messages
 
 HELP = (
     "topicbus control topic\n"

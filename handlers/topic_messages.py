@@ -7,7 +7,7 @@ from typing import Any
 from telegram import Message, Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
-from handlers.filters import InThread, owner_messages
+from topicbus.handlers.filters import InThread, owner_messages
 
 
 def message_payload(message: Message) -> dict[str, Any] | None:

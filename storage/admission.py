@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from storage.db import Authority, Database, Transaction
+from topicbus.storage.db import Authority, Database, Transaction
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from storage.db import Database, Transaction
+from topicbus.storage.db import Database, Transaction
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storage.db import Database, Transaction
+from topicbus.storage.db import Database, Transaction
 
 
 @dataclass(frozen=True)

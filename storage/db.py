@@ -18,7 +18,7 @@ from typing import Any
 import aiosqlite
 from loguru import logger
 
-from storage.migrate import apply_migrations
+from topicbus.storage.migrate import apply_migrations
 
 BUSY_TIMEOUT_MS = 5_000
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from storage.db import Authority, AuthorityLost, Database
+from topicbus.storage.db import Authority, AuthorityLost, Database
 
 DELIVERY_PREFIX = "d-"
 

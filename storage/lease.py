@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storage.db import Authority, Database
+from topicbus.storage.db import Authority, Database
 
 
 @dataclass(frozen=True)

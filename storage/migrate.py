@@ -25,7 +25,7 @@ class MigrationError(Exception):
     pass
 
 
-def discover(package: str = "migrations") -> list[Migration]:
+def discover(package: str = "topicbus.migrations") -> list[Migration]:
     found = []
     for entry in resources.files(package).iterdir():
         match = _NAME.match(entry.name)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from storage.bindings import Binding
-from storage.db import Database, Transaction
+from topicbus.storage.bindings import Binding
+from topicbus.storage.db import Database, Transaction
 
 
 @dataclass(frozen=True)

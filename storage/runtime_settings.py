@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage.db import Authority, Database
+from topicbus.storage.db import Authority, Database
 
 CLEANUP_POLICY = "thread_cleanup"
 DISPLAY_MODE = "display_mode"

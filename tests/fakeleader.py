@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from app.protocol import BUS_PATH, MAX_FRAME_BYTES, leader_identity
+from topicbus.protocol import BUS_PATH, MAX_FRAME_BYTES, leader_identity
 
 
 @dataclass

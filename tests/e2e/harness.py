@@ -110,7 +110,7 @@ class Cluster:
         log_path = self.tmp / f"{name}-{len(self.procs)}.log"
         log = open(log_path, "wb")  # noqa: SIM115 - the child owns it
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "app", *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+            sys.executable, "-m", "topicbus", *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
             env=self.env(**env), cwd=str(self.tmp), start_new_session=True)
         log.close()
         proc = Proc(name, process, log_path)
@@ -240,7 +240,7 @@ def register_frame(cwd: str | None, **fields: Any) -> dict[str, Any]:
     """A well-formed ``follower.register`` frame (fresh ids; override or add fields with ``fields``)."""
     import uuid
 
-    from app.protocol import follower_identity
+    from topicbus.protocol import follower_identity
 
     frame: dict[str, Any] = {
         "kind": "follower.register", "requestId": f"reg-{uuid.uuid4().hex}", "instanceId": f"raw-{uuid.uuid4().hex}",

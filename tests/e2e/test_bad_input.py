@@ -702,7 +702,7 @@ def run_leader_with(tmp: Path, env: dict[str, str]) -> subprocess.CompletedProce
             base.pop(key, None)
         else:
             base[key] = value
-    return subprocess.run([sys.executable, "-m", "app", "leader"], capture_output=True, text=True, env=base,
+    return subprocess.run([sys.executable, "-m", "topicbus", "leader"], capture_output=True, text=True, env=base,
                           cwd=str(tmp), timeout=15)
 
 

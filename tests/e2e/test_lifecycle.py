@@ -56,7 +56,7 @@ async def test_cleanup_off_preserves_topic_and_restart_gets_it_back(cluster: Clu
     assert cluster.fake.calls_to("deleteForumTopic") == [] and cluster.fake.calls_to("closeForumTopic") == []
 
     # topicbus status (the real command) shows the preserved binding
-    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "app", "status", "--json"],
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "topicbus", "status", "--json"],
                                   capture_output=True, text=True, env=cluster.env(), timeout=20)
     assert out.returncode == 0, out.stderr
     assert binding_for(json.loads(out.stdout), work)["state"] == "preserved"

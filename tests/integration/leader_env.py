@@ -13,15 +13,15 @@ from typing import Any
 from telegram import Bot
 from telegram.ext import Application, ApplicationBuilder
 
-from app.assembly import assemble_pruner, assemble_runtime
-from app.liveness import FakeLiveness, Liveness
-from app.logsetup import EventJournal
-from app.protocol import ProtocolError, Registration, decode_frame, encode, follower_identity
-from app.pruning import FollowerPruner
-from app.runtime import LeaderRuntime
-from app.settings import DisplayMode
-from storage.db import Authority, Database
-from storage.lease import LeaseRepository
+from topicbus.leader.assembly import assemble_pruner, assemble_runtime
+from topicbus.host import FakeLiveness, Liveness
+from topicbus.logsetup import EventJournal
+from topicbus.protocol import ProtocolError, Registration, decode_frame, encode, follower_identity
+from topicbus.core.pruning import FollowerPruner
+from topicbus.leader.runtime import LeaderRuntime
+from topicbus.settings import DisplayMode
+from topicbus.storage.db import Authority, Database
+from topicbus.storage.lease import LeaseRepository
 from tests.fakebotapi import FakeBotApi
 
 os.environ.setdefault("PTB_TIMEDELTA", "true")

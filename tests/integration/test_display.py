@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from app.runtime import DisplayModeRefused
-from app.settings import DisplayMode
+from topicbus.leader.runtime import DisplayModeRefused
+from topicbus.settings import DisplayMode
 from tests.integration.leader_env import CHAT, LeaderEnv
 
 
@@ -166,7 +166,7 @@ async def test_forget_slot_applies_the_cleanup_policy(env: LeaderEnv):
 
 
 async def test_heartbeat_answers_the_current_title_after_a_change(env: LeaderEnv):
-    from app.protocol import Kind
+    from topicbus.protocol import Kind
     from tests.integration.leader_env import fenced
 
     runtime = await env.start()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.follow import EXIT_REFUSED, EXIT_SUPERSEDED, run_follow
+from topicbus.follower.follow import EXIT_REFUSED, EXIT_SUPERSEDED, run_follow
 from tests.fakeleader import FakeLeader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,7 +146,7 @@ async def test_superseded_terminates_child_with_75(leader: FakeLeader) -> None:
 async def test_sigterm_is_forwarded_to_the_child(leader: FakeLeader) -> None:
     wrapper = (
         "import asyncio, sys\n"
-        "from app.follow import run_follow\n"
+        "from topicbus.follower.follow import run_follow\n"
         "sys.exit(asyncio.run(run_follow(leader_url=sys.argv[1], secret=sys.argv[2],"
         " command=[sys.executable, '-c', sys.argv[3]], heartbeat_interval_s=0.05, flush_interval_s=0.05)))\n"
     )

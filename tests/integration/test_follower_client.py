@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from app.follower_client import (
+from topicbus.follower.client import (
     Assignment,
     Delivery,
     FollowerClient,

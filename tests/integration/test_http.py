@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from app.bus_server import BusServer
+from topicbus.bus.server import BusServer
 
 
 async def test_healthz_reports_role_and_is_503_until_polling():

@@ -1,6 +1,6 @@
 """Reference cases 40, 45 (preservation part), 46, 49–52: departure of followers over the real store.
 
-Pruning runs through the production pruner (app.assembly.assemble_pruner) driven tick by tick with a
+Pruning runs through the production pruner (topicbus.leader.assembly.assemble_pruner) driven tick by tick with a
 manual clock; Telegram is the fake Bot API; liveness is a fake port (pid → alive/dead/unknown).
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from app.protocol import ErrorCode, Kind
-from storage.admission import PROFILE, lease_id
-from storage.cleanups import CleanupIntent, CleanupRepository
-from storage.db import Authority, StorageUnavailable
-from storage.runtime_settings import CLEANUP_POLICY
+from topicbus.protocol import ErrorCode, Kind
+from topicbus.storage.admission import PROFILE, lease_id
+from topicbus.storage.cleanups import CleanupIntent, CleanupRepository
+from topicbus.storage.db import Authority, StorageUnavailable
+from topicbus.storage.runtime_settings import CLEANUP_POLICY
 from tests.integration.leader_env import CHAT, LeaderEnv, fenced
 
 
@@ -150,7 +150,7 @@ async def test_case46_detachment_rechecks_authority_at_commit(off: LeaderEnv):
     def flapping(record):
         if record.pid == 500:
             calls["n"] += 1
-            from app.liveness import Liveness
+            from topicbus.host import Liveness
             return Liveness.DEAD if calls["n"] < 3 else Liveness.ALIVE
         return real_probe(record)
 
@@ -225,7 +225,7 @@ async def test_case52_bus_endpoint_unpublished_until_replay_and_provisioning_fin
     """The bus refuses followers (503) until the leader publishes it after replay + own provisioning."""
     import aiohttp
 
-    from app.bus_server import BusServer
+    from topicbus.bus.server import BusServer
 
     server = BusServer(host="127.0.0.1", port=0, secret="s3cret-value", status=lambda: None, metrics=lambda: "")
     await server.start()

@@ -1,6 +1,6 @@
 """Reference cases 1–11 (reference-behaviour.md §9): registration order, fencing and publication.
 
-Driven through the production runtime (app.assembly) over real SQLite and the real PTB Bot against
+Driven through the production runtime (topicbus.leader.assembly) over real SQLite and the real PTB Bot against
 the fake Bot API. Cases 7 and 8 do not apply; see docs/reference-cases.md.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-from app.protocol import ErrorCode, Kind
-from app.registry import Target
-from storage.db import Authority
+from topicbus.protocol import ErrorCode, Kind
+from topicbus.core.registry import Target
+from topicbus.storage.db import Authority
 from tests.integration.leader_env import CHAT, Hold, LeaderEnv, fenced
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.protocol import ErrorCode
-from app.rotation import SimulatedCrash
+from topicbus.protocol import ErrorCode
+from topicbus.leader.rotation import SimulatedCrash
 from tests.integration.leader_env import CHAT, LeaderEnv
 
 
@@ -222,8 +222,8 @@ async def test_case14_leader_provisioning_holds_a_chat_scoped_lease(fake, tmp_pa
 
 
 async def test_case15_a_retained_fence_blocks_every_workspace_mutation(off: LeaderEnv):
-    from app.settings import DisplayMode
-    from storage.admission import AdmissionBlocked
+    from topicbus.settings import DisplayMode
+    from topicbus.storage.admission import AdmissionBlocked
 
     env = off
     runtime = await env.start()
@@ -263,7 +263,7 @@ async def test_case19_32_rejection_interrupted_before_cancellation_is_finished_b
 
 
 async def test_case21_authority_is_rechecked_before_the_deletion_permit(off: LeaderEnv):
-    from storage.db import Authority
+    from topicbus.storage.db import Authority
 
     env = off
     await env.start()

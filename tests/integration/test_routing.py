@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.runtime import OFFLINE_NOTICE
+from topicbus.leader.runtime import OFFLINE_NOTICE
 from tests.integration.leader_env import CHAT, LeaderEnv
 
 
@@ -78,7 +78,7 @@ async def test_topic_service_messages_update_the_store(env: LeaderEnv):
 async def test_journal_refuses_a_leader_that_lost_its_lease(env: LeaderEnv):
     import pytest
 
-    from storage.db import AuthorityLost
+    from topicbus.storage.db import AuthorityLost
 
     runtime = await env.start()
     r = await env.register("a", cwd="/w", pid=10)

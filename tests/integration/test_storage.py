@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from storage.db import Authority, AuthorityLost, Database
-from storage.lease import LeaseRepository
-from storage.migrate import Migration, MigrationError, apply_migrations, discover
+from topicbus.storage.db import Authority, AuthorityLost, Database
+from topicbus.storage.lease import LeaseRepository
+from topicbus.storage.migrate import Migration, MigrationError, apply_migrations, discover
 
 
 def test_migrations_ship_in_the_package_and_create_the_domain_tables(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.display import (
+from topicbus.core.display import (
     MAX_TITLE_LENGTH,
     DisplayBinding,
     clip_title,
@@ -12,7 +12,7 @@ from app.display import (
     resolve_display_titles,
     tokenize_segment,
 )
-from app.settings import DisplayMode
+from topicbus.settings import DisplayMode
 
 LETTERS = DisplayMode.LETTERS
 NAMES = DisplayMode.NAMES
@@ -283,7 +283,7 @@ def test_initial_title_without_slot_in_letters_mode_is_none() -> None:
 
 def test_readme_mode_examples_hold():
     """The example table in README.md ("Control topic") is computed by this resolver."""
-    from app.workspace import WorkspaceIdentity, default_thread_name
+    from topicbus.core.workspace import WorkspaceIdentity, default_thread_name
 
     rows = [("b", "/home/ada/work/myHTTPServer", "B", None), ("c", "/home/ada/work/api", "C", "tests"),
             ("d", "/home/ada/other/api", "D", None), ("e", "/home/ada/work/api", "E", "docs")]

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.follow import OutputBatcher, delivery_line, dropped_marker, exit_code_of, split_text
-from app.follower_client import Delivery
+from topicbus.follower.follow import OutputBatcher, delivery_line, dropped_marker, exit_code_of, split_text
+from topicbus.follower.client import Delivery
 
 
 def reassemble(text: str, chunks: list[str]) -> None:
@@ -160,7 +160,7 @@ def test_exit_code_of() -> None:
 
 
 def test_default_instance_ids_differ_within_one_process_and_millisecond():
-    from app.follower_client import FollowerClient
+    from topicbus.follower.client import FollowerClient
 
     clients = [FollowerClient(leader_url="ws://127.0.0.1:1/v1/bus", secret="s" * 8, pid=42) for _ in range(50)]
     assert len({c.instance_id for c in clients}) == 50

@@ -1,4 +1,4 @@
-"""app.liveness against real subprocesses (and a fake /proc tree for parsing edge cases)."""
+"""topicbus.host against real subprocesses (and a fake /proc tree for parsing edge cases)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.liveness import (
+from topicbus.host import (
     FakeLiveness,
     Liveness,
     ProcessLiveness,
@@ -67,7 +67,7 @@ def test_host_id_is_stable_cached_and_shared_with_children():
     assert re.fullmatch(r"[0-9a-f]{32}", HOST)
     assert current_host_id() is HOST  # cached
     child = subprocess.run(
-        [sys.executable, "-c", "from app.liveness import current_host_id; print(current_host_id())"],
+        [sys.executable, "-c", "from topicbus.host import current_host_id; print(current_host_id())"],
         capture_output=True, text=True, check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
     )
     assert child.stdout.strip() == HOST

@@ -1,4 +1,4 @@
-"""app.logsetup: redaction everywhere (message, extras, tracebacks, intercepted stdlib), formats,
+"""topicbus.logsetup: redaction everywhere (message, extras, tracebacks, intercepted stdlib), formats,
 levels, structured events and the in-memory journal."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from loguru import logger
 from pydantic import SecretStr
 
-from app import logsetup
-from app.logsetup import (
+from topicbus import logsetup
+from topicbus.logsetup import (
     REDACTED,
     EventJournal,
     RecordedEvent,
@@ -218,7 +218,7 @@ def test_json_lines_carry_phase_and_extra_fields():
     assert first["instanceId"] == "i-1"
     assert first["generation"] == 3 and first["ok"] is True
     assert first["extra.message"] == "clash"  # an extra never overwrites a core key
-    assert first["logger"] == __name__  # the caller of event(), not app.logsetup
+    assert first["logger"] == __name__  # the caller of event(), not topicbus.logsetup
     assert "exception" not in first
     assert first["time"].endswith("Z")
     assert datetime.fromisoformat(first["time"].replace("Z", "+00:00")).utcoffset().total_seconds() == 0

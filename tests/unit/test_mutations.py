@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from app.mutations import FollowerMutationQueue, follower_mutation_key
-from app.registry import FollowerRecord
+from topicbus.core.mutations import FollowerMutationQueue, follower_mutation_key
+from topicbus.core.registry import FollowerRecord
 
 
 def rec(instance_id: str, profile_key: str | None = None) -> FollowerRecord:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from app.mutations import FollowerMutationQueue
-from app.pruning import (
+from topicbus.core.mutations import FollowerMutationQueue
+from topicbus.core.pruning import (
     MAX_PENDING_OBSERVATIONS,
     PHASE_CLEANUP_POLICY,
     PHASE_CONFIRMED_DEAD_CLEANUP,
@@ -29,7 +29,7 @@ from app.pruning import (
     FollowerPruner,
     Liveness,
 )
-from app.registry import FollowerRecord, FollowerRegistry, Target
+from topicbus.core.registry import FollowerRecord, FollowerRegistry, Target
 
 STALE_AFTER_MS = 15_000
 CHAT = -100_777

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.registry import FollowerRecord, FollowerRegistry, Target, overlaps
+from topicbus.core.registry import FollowerRecord, FollowerRegistry, Target, overlaps
 
 STALE_AFTER_MS = 15_000
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.settings import ConfigurationError, DisplayMode, load_settings
-from app.status import render_board, render_text
+from topicbus.settings import ConfigurationError, DisplayMode, load_settings
+from topicbus.core.board import render_board, render_text
 
 TOKEN = "123456:settings-test-token-value-000000000"
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.slots import (
+from topicbus.core.slots import (
     INVALID_RESERVED_SLOT,
     SLOT_COUNT,
     SLOT_LETTERS,

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from app.workspace import (
+from topicbus.core.workspace import (
     WorkspaceIdentity,
     default_thread_name,
     normalize_workspace_path,
@@ -155,7 +155,7 @@ def test_any_component_changes_the_key(other: WorkspaceIdentity) -> None:
 
 def test_binding_key_is_stable_across_processes() -> None:
     code = (
-        "from app.workspace import WorkspaceIdentity;"
+        "from topicbus.core.workspace import WorkspaceIdentity;"
         "print(WorkspaceIdentity('h1', '/repo', 's1').binding_key)"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

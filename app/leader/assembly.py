@@ -9,24 +9,24 @@ from __future__ import annotations
 from telegram import Bot
 from telegram.ext import JobQueue
 
-from app import __version__
-from app.clock import Clock
-from app.departure import DepartureHandler
-from app.display_reconciler import DisplayReconciler
-from app.liveness import LivenessPort
-from app.logsetup import EventJournal
-from app.outbox import OutboundSender
-from app.provisioning import TopicProvisioner
-from app.rotation import SlotRotation
-from app.pruning import FollowerPruner
-from app.runtime import LeaderRuntime
-from app.settings import DisplayMode
-from app.telegram_api import TelegramGateway
-from storage.admission import AdmissionLedger
-from storage.bindings import BindingRepository
-from storage.cleanups import CleanupRepository
-from storage.db import Database
-from storage.outbox import OutboxRepository
+from topicbus import __version__
+from topicbus.core.clock import Clock
+from topicbus.leader.departure import DepartureHandler
+from topicbus.leader.display_reconciler import DisplayReconciler
+from topicbus.host import LivenessPort
+from topicbus.logsetup import EventJournal
+from topicbus.leader.outbound import OutboundSender
+from topicbus.leader.provisioning import TopicProvisioner
+from topicbus.leader.rotation import SlotRotation
+from topicbus.core.pruning import FollowerPruner
+from topicbus.leader.runtime import LeaderRuntime
+from topicbus.settings import DisplayMode
+from topicbus.bot.gateway import TelegramGateway
+from topicbus.storage.admission import AdmissionLedger
+from topicbus.storage.bindings import BindingRepository
+from topicbus.storage.cleanups import CleanupRepository
+from topicbus.storage.db import Database
+from topicbus.storage.outbox import OutboxRepository
 
 
 def assemble_runtime(*, db: Database, bot: Bot, clock: Clock, events: EventJournal, owner: str, chat_id: int,

@@ -27,16 +27,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from app.logsetup import EventJournal
-from app.provisioning import SlotUnavailable
-from app.slots import (BlockedSlot, Evidence, ExternalEvidence, FreeSlot, LocalOccupancy, OccupancyBinding,
+from topicbus.logsetup import EventJournal
+from topicbus.leader.provisioning import SlotUnavailable
+from topicbus.core.slots import (BlockedSlot, Evidence, ExternalEvidence, FreeSlot, LocalOccupancy, OccupancyBinding,
                        Protection, capture_occupancy)
-from app.telegram_api import Outcome, TelegramGateway
-from storage.admission import AdmissionLedger, Fence
-from storage.bindings import Binding, BindingRepository
-from storage.db import Authority, Database
-from storage.journal import JournalRepository
-from storage.retirement import RetirementIntent, RetirementRepository
+from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.storage.admission import AdmissionLedger, Fence
+from topicbus.storage.bindings import Binding, BindingRepository
+from topicbus.storage.db import Authority, Database
+from topicbus.storage.journal import JournalRepository
+from topicbus.storage.retirement import RetirementIntent, RetirementRepository
 
 T = TypeVar("T")
 

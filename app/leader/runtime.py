@@ -17,30 +17,30 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from app.clock import Clock
-from app.delivery import DeliveryHub, FollowerConnection
-from app.display_reconciler import DisplayReconciler
-from app.departure import CleanupUnconfirmed, DepartureHandler
-from app.liveness import Liveness, LivenessPort
-from app.logsetup import EventJournal
-from app.mutations import FollowerMutationQueue
-from app.outbox import OutboundSender
-from app.protocol import (CAP_DISPLAY_TITLE, ErrorCode, Fenced, Kind, ProtocolError, Registration, SendRequest,
+from topicbus.core.clock import Clock
+from topicbus.leader.delivery import DeliveryHub, FollowerConnection
+from topicbus.leader.display_reconciler import DisplayReconciler
+from topicbus.leader.departure import CleanupUnconfirmed, DepartureHandler
+from topicbus.host import Liveness, LivenessPort
+from topicbus.logsetup import EventJournal
+from topicbus.core.mutations import FollowerMutationQueue
+from topicbus.leader.outbound import OutboundSender
+from topicbus.protocol import (CAP_DISPLAY_TITLE, ErrorCode, Fenced, Kind, ProtocolError, Registration, SendRequest,
                           check_compatibility)
-from app.provisioning import ProvisionRequest, SlotUnavailable, TopicCreationFailed, TopicProvisioner
-from app.pruning import FollowerPruner
-from app.rotation import RotationBlocked, SlotRotation
-from app.registry import FollowerRecord, FollowerRegistry, Target
-from app.settings import DisplayMode
-from app.telegram_api import TelegramGateway
-from app.workspace import WorkspaceIdentity, default_thread_name
-from storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger, Scope
-from storage.bindings import BindingRepository, OwnerRecord
-from storage.cleanups import CleanupRepository
-from storage.db import Authority, AuthorityLost, Database
-from storage.journal import JournalRepository
-from storage.outbox import OutboxRepository
-from storage.runtime_settings import CLEANUP_POLICY, DISPLAY_MODE, RuntimeSettingsRepository
+from topicbus.leader.provisioning import ProvisionRequest, SlotUnavailable, TopicCreationFailed, TopicProvisioner
+from topicbus.core.pruning import FollowerPruner
+from topicbus.leader.rotation import RotationBlocked, SlotRotation
+from topicbus.core.registry import FollowerRecord, FollowerRegistry, Target
+from topicbus.settings import DisplayMode
+from topicbus.bot.gateway import TelegramGateway
+from topicbus.core.workspace import WorkspaceIdentity, default_thread_name
+from topicbus.storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger, Scope
+from topicbus.storage.bindings import BindingRepository, OwnerRecord
+from topicbus.storage.cleanups import CleanupRepository
+from topicbus.storage.db import Authority, AuthorityLost, Database
+from topicbus.storage.journal import JournalRepository
+from topicbus.storage.outbox import OutboxRepository
+from topicbus.storage.runtime_settings import CLEANUP_POLICY, DISPLAY_MODE, RuntimeSettingsRepository
 
 CONTROL_TOPIC_TITLE = "topicbus control"
 OFFLINE_NOTICE = "⏸ This agent is offline. Your message is kept and will be delivered when it reconnects."

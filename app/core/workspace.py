@@ -14,7 +14,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-from app.display import clip_title
+from topicbus.core.display import clip_title
 
 BINDING_KEY_PREFIX = "ws-"
 """Prefix of every workspace binding key."""

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from loguru import logger
 
-from app.follower_client import (
+from topicbus.follower.client import (
     Delivery,
     FollowerClient,
     FollowerClosed,

@@ -19,12 +19,12 @@ from typing import Any
 
 from telegram.ext import JobQueue
 
-from app.display import DisplayBinding, resolve_display_titles
-from app.logsetup import EventJournal
-from app.telegram_api import Outcome, TelegramGateway
-from storage.admission import PROFILE, AdmissionLedger
-from storage.bindings import Binding, BindingRepository
-from storage.db import Authority, Database
+from topicbus.core.display import DisplayBinding, resolve_display_titles
+from topicbus.logsetup import EventJournal
+from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.storage.admission import PROFILE, AdmissionLedger
+from topicbus.storage.bindings import Binding, BindingRepository
+from topicbus.storage.db import Authority, Database
 
 DEBOUNCE_JOB_ID = "topicbus.display-debounce"
 STARTUP_JOB_ID = "topicbus.display-startup"

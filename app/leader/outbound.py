@@ -12,9 +12,9 @@ import base64
 import time
 from collections.abc import Awaitable, Callable
 
-from app.logsetup import EventJournal
-from app.telegram_api import CallResult, Outcome, TelegramGateway
-from storage.outbox import OutboxItem, OutboxRepository
+from topicbus.logsetup import EventJournal
+from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
+from topicbus.storage.outbox import OutboxItem, OutboxRepository
 
 MAX_BACKOFF_S = 30.0
 IDLE_RESCAN_S = 5.0

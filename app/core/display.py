@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from app.settings import DisplayMode
+from topicbus.settings import DisplayMode
 
 MAX_TITLE_LENGTH = 128
 """Telegram's limit for a forum topic name (counted in UTF-16 code units, as Telegram does)."""

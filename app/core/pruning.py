@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from typing import Any, Protocol
 
-from app.liveness import Liveness
-from app.mutations import FollowerMutationQueue
-from app.registry import FollowerRecord, FollowerRegistry, UnregisteredObservation
+from topicbus.host import Liveness
+from topicbus.core.mutations import FollowerMutationQueue
+from topicbus.core.registry import FollowerRecord, FollowerRegistry, UnregisteredObservation
 
 MAX_PENDING_OBSERVATIONS = 26
 """At most one pending preservation observation per workspace slot letter."""

@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp
 from loguru import logger
 
-from app.protocol import (
+from topicbus.protocol import (
     FILES_PATH,
     MAX_DOCUMENT_BYTES,
     MAX_FRAME_BYTES,
@@ -183,10 +183,10 @@ def _backoff_delay(attempt: int, initial: float, maximum: float) -> float:
 
 
 def _liveness_identity(pid: int | None) -> tuple[str, str]:
-    """(hostId, processBirthId) from :mod:`app.liveness`, with a harmless fallback."""
+    """(hostId, processBirthId) from :mod:`topicbus.host`, with a harmless fallback."""
     try:
-        from app.liveness import current_host_id, process_birth_id
-    except ImportError:  # pragma: no cover - only while app.liveness does not exist
+        from topicbus.host import current_host_id, process_birth_id
+    except ImportError:  # pragma: no cover - only while topicbus.host does not exist
         return "unknown-host", f"{pid}:unverifiable"
     try:
         return current_host_id(), process_birth_id(pid)
@@ -198,7 +198,7 @@ def _liveness_identity(pid: int | None) -> tuple[str, str]:
 def _register_secret(secret: str) -> None:
     """Let the log redactor know the bus secret (best effort)."""
     try:
-        from app.logsetup import add_secret
+        from topicbus.logsetup import add_secret
     except ImportError:  # pragma: no cover
         return
     with contextlib.suppress(Exception):

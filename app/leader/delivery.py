@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from app.clock import Clock
-from app.protocol import Kind
-from storage.journal import JournalItem, JournalRepository, parse_delivery_id
+from topicbus.core.clock import Clock
+from topicbus.protocol import Kind
+from topicbus.storage.journal import JournalItem, JournalRepository, parse_delivery_id
 
 
 PAGE = 500

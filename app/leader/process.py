@@ -19,22 +19,22 @@ from loguru import logger
 from telegram.error import InvalidToken, NetworkError, TimedOut
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ContextTypes
 
-import handlers
-from app.assembly import assemble_pruner, assemble_runtime
-from app.bus_server import BusServer, prometheus
-from app.clock import Clock, SystemClock
-from app.liveness import ProcessLiveness, current_host_id
-from app.logsetup import EventJournal
-from app.outbox import OutboundSender
-from app.poller import UpdatePoller
-from app.provisioning import SlotUnavailable, TopicCreationFailed
-from app.pruning import FollowerPruner
-from app.rotation import RotationBlocked
-from storage.admission import AdmissionBlocked
-from app.runtime import LeaderRuntime
-from app.settings import Settings
-from storage.db import Authority, Database
-from storage.lease import LeaseRepository
+from topicbus import handlers
+from topicbus.leader.assembly import assemble_pruner, assemble_runtime
+from topicbus.bus.server import BusServer, prometheus
+from topicbus.core.clock import Clock, SystemClock
+from topicbus.host import ProcessLiveness, current_host_id
+from topicbus.logsetup import EventJournal
+from topicbus.leader.outbound import OutboundSender
+from topicbus.bot.poller import UpdatePoller
+from topicbus.leader.provisioning import SlotUnavailable, TopicCreationFailed
+from topicbus.core.pruning import FollowerPruner
+from topicbus.leader.rotation import RotationBlocked
+from topicbus.storage.admission import AdmissionBlocked
+from topicbus.leader.runtime import LeaderRuntime
+from topicbus.settings import Settings
+from topicbus.storage.db import Authority, Database
+from topicbus.storage.lease import LeaseRepository
 
 STANDBY_POLL_S = 0.5
 PRUNE_JOB_ID = "topicbus.prune"

@@ -19,7 +19,7 @@ from telegram import Update
 from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TimedOut
 from telegram.ext import Application, CallbackContext
 
-from storage.db import AuthorityLost, StorageUnavailable
+from topicbus.storage.db import AuthorityLost, StorageUnavailable
 
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 MAX_HANDLER_ATTEMPTS = 3

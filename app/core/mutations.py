@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from app.registry import FollowerRecord
+from topicbus.core.registry import FollowerRecord
 
 T = TypeVar("T")
 

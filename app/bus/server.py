@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 from loguru import logger
 
-from app.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, ErrorCode, Kind, ProtocolError, ack, decode_frame, encode,
+from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, ErrorCode, Kind, ProtocolError, ack, decode_frame, encode,
                           error_ack, leader_identity, request_id_of)
 
 REPLAY_LEDGER_SIZE = 4096

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.clock import Clock
-from app.logsetup import EventJournal
-from app.registry import FollowerRecord
-from app.telegram_api import Outcome, TelegramGateway
-from storage.bindings import BindingRepository
-from storage.cleanups import CleanupIntent, CleanupRepository
-from storage.db import Authority, Database
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
+from topicbus.core.registry import FollowerRecord
+from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.storage.bindings import BindingRepository
+from topicbus.storage.cleanups import CleanupIntent, CleanupRepository
+from topicbus.storage.db import Authority, Database
 
 
 class CleanupUnconfirmed(Exception):

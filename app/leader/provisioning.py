@@ -12,14 +12,14 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.clock import Clock
-from app.display import DisplayBinding, initial_display_title
-from app.settings import DisplayMode
-from app.slots import SLOT_LETTERS, to_durable_slot
-from app.telegram_api import Outcome, TelegramGateway
-from app.workspace import WorkspaceIdentity
-from storage.bindings import Binding, BindingRepository, OwnerRecord
-from storage.db import Authority, Database
+from topicbus.core.clock import Clock
+from topicbus.core.display import DisplayBinding, initial_display_title
+from topicbus.settings import DisplayMode
+from topicbus.core.slots import SLOT_LETTERS, to_durable_slot
+from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.core.workspace import WorkspaceIdentity
+from topicbus.storage.bindings import Binding, BindingRepository, OwnerRecord
+from topicbus.storage.db import Authority, Database
 
 
 class SlotUnavailable(Exception):
