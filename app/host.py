@@ -20,14 +20,13 @@ import hashlib
 import os
 import re
 import uuid
-from enum import StrEnum
-from typing import Protocol
+
+from topicbus.core.liveness import Liveness, LivenessPort
 
 __all__ = [
     "Liveness",
     "LivenessPort",
     "ProcessLiveness",
-    "FakeLiveness",
     "current_host_id",
     "process_start_ticks",
     "process_birth_id",
@@ -42,16 +41,6 @@ PID_MAX_LIMIT = 4_194_304
 _BIRTH_ID = re.compile(r"([1-9][0-9]*):start:([0-9]+)")
 _STARTTIME_FIELD = 22  # 1-based, man 5 proc
 _DEAD_STATES = frozenset({"Z", "X", "x"})  # zombie / dead: exited, only awaiting reaping
-
-
-class Liveness(StrEnum):
-    ALIVE = "alive"
-    DEAD = "dead"
-    UNKNOWN = "unknown"
-
-
-class LivenessPort(Protocol):
-    def probe(self, pid: int | None, process_birth_id: str | None, host_id: str | None) -> Liveness: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,37 +226,3 @@ class ProcessLiveness:
         except OSError:
             return Liveness.UNKNOWN  # exists but is not ours to see (EPERM) or other trouble
         return Liveness.UNKNOWN  # the kernel says it exists though /proc does not show it
-
-
-class FakeLiveness:
-    """Test double: answers from a pid → :class:`Liveness` map (default UNKNOWN), records calls."""
-
-    def __init__(
-        self,
-        states: dict[int, Liveness] | None = None,
-        *,
-        default: Liveness = Liveness.UNKNOWN,
-        error: BaseException | None = None,
-    ) -> None:
-        self.states: dict[int, Liveness] = dict(states or {})
-        self.default = default
-        self.error = error
-        self.calls: list[tuple[int | None, str | None, str | None]] = []
-
-    def set(self, pid: int, state: Liveness) -> None:
-        self.states[pid] = state
-
-    def probe(self, pid: int | None, process_birth_id: str | None, host_id: str | None) -> Liveness:
-        self.calls.append((pid, process_birth_id, host_id))
-        if self.error is not None:
-            raise self.error
-        if pid is None:
-            return self.default
-        return self.states.get(pid, self.default)
-
-    def probe_record(self, record: object) -> Liveness:
-        return self.probe(
-            getattr(record, "pid", None),
-            getattr(record, "process_birth_id", None),
-            getattr(record, "host_id", None),
-        )

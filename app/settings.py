@@ -7,21 +7,15 @@ problem, naming the variable and never echoing its value.
 from __future__ import annotations
 
 import os
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from topicbus.core.display import DisplayMode
+
 ENV_PREFIX = "TOPICBUS_"
-
-
-class DisplayMode(StrEnum):
-    LETTERS = "letters"
-    NAMES = "names"
-    DIRECTORY_SNAKE = "directory-snake"
-    DIRECTORY_TITLE = "directory-title"
 
 
 class Settings(BaseSettings):

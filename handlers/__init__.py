@@ -1,15 +1,24 @@
-"""python-telegram-bot handlers, one module per feature; ``register_all`` only wires them."""
+"""python-telegram-bot handlers, one module per feature; ``register_all`` only wires them.
+
+Each feature's ``register`` receives exactly the use cases it calls, by name (as aiogram injects
+dependencies): the handlers filter, extract and call; they hold no state of their own.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from telegram.ext import Application
 
 from topicbus.handlers import control, topic_events, topic_messages
 
+if TYPE_CHECKING:
+    from topicbus.leader.assembly import LeaderServices
 
-def register_all(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozenset[int]) -> None:
-    topic_events.register(app, runtime, chat_id=chat_id, owner_ids=owner_ids)
-    control.register(app, runtime, chat_id=chat_id, owner_ids=owner_ids)
-    topic_messages.register(app, runtime, chat_id=chat_id, owner_ids=owner_ids)
+
+def register_all(app: Application, services: LeaderServices, *, chat_id: int, owner_ids: frozenset[int]) -> None:
+    topic_events.register(app, topics=services.topics, chat_id=chat_id, owner_ids=owner_ids)
+    control.register(app, desk=services.control_desk, status=services.status, control=services.control,
+                     chat_id=chat_id, owner_ids=owner_ids)
+    topic_messages.register(app, router=services.router, control=services.control, chat_id=chat_id,
+                            owner_ids=owner_ids)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from telegram import Update
 from telegram.ext import Application, CommandHandler, ContextTypes
 
-from topicbus.leader.runtime import DisplayModeRefused
-from topicbus.settings import DisplayMode
 from topicbus.core.board import render_board
-from topicbus.storage.admission import AdmissionBlocked
+from topicbus.core.display import DisplayMode
 from topicbus.handlers.filters import InThread, owner_messages
+from topicbus.leader.control import ControlDesk, DisplayModeRefused
+from topicbus.leader.status import StatusView
+from topicbus.leader.topics import ControlTopic
+from topicbus.storage.admission import AdmissionBlocked
 
 HELP = (
     "topicbus control topic\n"
@@ -23,20 +23,22 @@ HELP = (
 )
 
 
-def register(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozenset[int]) -> None:
-    where = owner_messages(chat_id, owner_ids) & InThread(lambda: runtime.control_thread_id)
+def register(app: Application, *, desk: ControlDesk, status: StatusView, control: ControlTopic, chat_id: int,
+             owner_ids: frozenset[int]) -> None:
+    where = owner_messages(chat_id, owner_ids) & InThread(lambda: control.thread_id)
+    board = status
 
-    async def status(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        await update.effective_message.reply_text(render_board(await runtime.status_snapshot()))
+    async def status_(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        await update.effective_message.reply_text(render_board(await board.snapshot()))
 
     async def cleanup(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         args = [a.lower() for a in context.args or []]
         if args not in (["on"], ["off"]):
-            current = await runtime.cleanup_policy()
+            current = await desk.preferences.cleanup_policy()
             shown = {True: "on", False: "off", None: "unknown"}[current]
             await update.effective_message.reply_text(f"Usage: /cleanup on|off (currently {shown}).")
             return
-        await runtime.set_cleanup_policy(args[0] == "on")
+        await desk.set_cleanup_policy(args[0] == "on")
         await update.effective_message.reply_text(
             "Thread cleanup is on: topics of followers proven dead are deleted." if args[0] == "on" else
             "Thread cleanup is off: topics of followers proven dead are kept and detached.")
@@ -46,10 +48,10 @@ def register(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozens
         valid = [m.value for m in DisplayMode]
         if len(args) != 1 or args[0].lower() not in valid:
             await update.effective_message.reply_text(
-                f"Usage: /mode {'|'.join(valid)} (currently {runtime.display_mode}).")
+                f"Usage: /mode {'|'.join(valid)} (currently {desk.preferences.display_mode}).")
             return
         try:
-            changed = await runtime.set_display_mode(DisplayMode(args[0].lower()))
+            changed = await desk.set_display_mode(DisplayMode(args[0].lower()))
         except DisplayModeRefused as exc:
             await update.effective_message.reply_text(str(exc))
             return
@@ -64,7 +66,7 @@ def register(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozens
             await update.effective_message.reply_text("Usage: /forget <slot letter>, e.g. /forget C")
             return
         try:
-            answer = await runtime.forget_slot(args[0])
+            answer = await desk.forget_slot(args[0])
         except AdmissionBlocked as exc:
             answer = f"{exc} Try again in a moment."
         await update.effective_message.reply_text(answer)
@@ -72,7 +74,7 @@ def register(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozens
     async def help_(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         await update.effective_message.reply_text(HELP)
 
-    app.add_handler(CommandHandler("status", status, filters=where), group=0)
+    app.add_handler(CommandHandler("status", status_, filters=where), group=0)
     app.add_handler(CommandHandler("cleanup", cleanup, filters=where), group=0)
     app.add_handler(CommandHandler("mode", mode, filters=where), group=0)
     app.add_handler(CommandHandler("forget", forget, filters=where), group=0)

@@ -1,4 +1,4 @@
-"""Owner messages in a follower's topic → the runtime's inbound routing (journal, then deliver)."""
+"""Owner messages in a follower's topic → the router (journal, then deliver)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from telegram import Message, Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
 from topicbus.handlers.filters import InThread, owner_messages
+from topicbus.leader.routing import Router
+from topicbus.leader.topics import ControlTopic
 
 
 def message_payload(message: Message) -> dict[str, Any] | None:
@@ -31,7 +33,8 @@ def message_payload(message: Message) -> dict[str, Any] | None:
             "document": document}
 
 
-def register(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozenset[int]) -> None:
+def register(app: Application, *, router: Router, control: ControlTopic, chat_id: int,
+             owner_ids: frozenset[int]) -> None:
     async def route(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.message
         if message is None or message.message_thread_id is None:
@@ -39,9 +42,9 @@ def register(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozens
         payload = message_payload(message)
         if payload is None:
             return
-        await runtime.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload)
+        await router.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload)
 
-    not_control = InThread(lambda: runtime.control_thread_id, negate=True)
+    not_control = InThread(lambda: control.thread_id, negate=True)
     app.add_handler(MessageHandler(
         owner_messages(chat_id, owner_ids) & filters.IS_TOPIC_MESSAGE & not_control & ~filters.StatusUpdate.ALL
         & filters.UpdateType.MESSAGE, route), group=1)

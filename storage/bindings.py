@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from topicbus.storage.db import Database, Transaction
+from topicbus.storage.db import Database, UnitOfWork
 
 
 @dataclass(frozen=True)
@@ -84,18 +84,19 @@ class BindingRepository:
 
     # --- inside a write transaction ---------------------------------------------------------------
     @staticmethod
-    async def get_tx(tx: Transaction, binding_key: str) -> Binding | None:
-        row = await tx.fetch_one("SELECT * FROM workspace_bindings WHERE binding_key = ?", (binding_key,))
+    async def get_tx(uow: UnitOfWork, binding_key: str) -> Binding | None:
+        row = await uow.fetch_one("SELECT * FROM workspace_bindings WHERE binding_key = ?", (binding_key,))
         return None if row is None else _binding(row)
 
     @staticmethod
-    async def used_slots_tx(tx: Transaction) -> set[str]:
-        rows = await tx.fetch_all("SELECT slot FROM workspace_bindings WHERE slot IS NOT NULL")
-        return {r["slot"] for r in rows}
+    async def slots_tx(uow: UnitOfWork) -> dict[str, str]:
+        """binding key → slot letter, for every binding that holds a slot."""
+        rows = await uow.fetch_all("SELECT binding_key, slot FROM workspace_bindings WHERE slot IS NOT NULL")
+        return {r["binding_key"]: r["slot"] for r in rows}
 
     @staticmethod
-    async def insert_tx(tx: Transaction, b: Binding) -> None:
-        await tx.execute(
+    async def insert_tx(uow: UnitOfWork, b: Binding) -> None:
+        await uow.execute(
             """INSERT INTO workspace_bindings (binding_key, kind, host_id, cwd, session, slot, chat_id, thread_id,
                    topic_state, thread_name, manual_name, display_title, inactive_since_ms, offline_notified,
                    created_at_ms, updated_at_ms)
@@ -106,76 +107,76 @@ class BindingRepository:
         )
 
     @staticmethod
-    async def set_topic_tx(tx: Transaction, binding_key: str, *, thread_id: int, display_title: str | None,
+    async def set_topic_tx(uow: UnitOfWork, binding_key: str, *, thread_id: int, display_title: str | None,
                            now_ms: int) -> None:
         """Point a binding at a (re)created topic: open, active, title as created."""
-        await tx.execute(
+        await uow.execute(
             """UPDATE workspace_bindings SET thread_id = ?, topic_state = 'open', display_title = ?,
                    inactive_since_ms = NULL, updated_at_ms = ? WHERE binding_key = ?""",
             (thread_id, display_title, now_ms, binding_key),
         )
 
     @staticmethod
-    async def mark_active_tx(tx: Transaction, binding_key: str) -> None:
-        await tx.execute(
+    async def mark_active_tx(uow: UnitOfWork, binding_key: str) -> None:
+        await uow.execute(
             "UPDATE workspace_bindings SET inactive_since_ms = NULL, offline_notified = 0 WHERE binding_key = ?",
             (binding_key,),
         )
 
     @staticmethod
-    async def mark_inactive_tx(tx: Transaction, binding_key: str, at_ms: int) -> bool:
+    async def mark_inactive_tx(uow: UnitOfWork, binding_key: str, at_ms: int) -> bool:
         """Record the first proof that nobody owns this binding (first proof wins)."""
-        changed = await tx.execute(
+        changed = await uow.execute(
             "UPDATE workspace_bindings SET inactive_since_ms = ? WHERE binding_key = ? AND inactive_since_ms IS NULL",
             (at_ms, binding_key),
         )
         return changed > 0
 
     @staticmethod
-    async def mark_topic_deleted_tx(tx: Transaction, chat_id: int, thread_id: int, at_ms: int) -> str | None:
+    async def mark_topic_deleted_tx(uow: UnitOfWork, chat_id: int, thread_id: int, at_ms: int) -> str | None:
         """The topic is gone: the binding keeps slot and name, loses its owner, becomes inactive."""
-        row = await tx.fetch_one(
+        row = await uow.fetch_one(
             "SELECT binding_key FROM workspace_bindings WHERE chat_id = ? AND thread_id = ? AND topic_state != 'deleted'",
             (chat_id, thread_id),
         )
         if row is None:
             return None
         key = row["binding_key"]
-        await tx.execute("UPDATE workspace_bindings SET topic_state = 'deleted' WHERE binding_key = ?", (key,))
-        await tx.execute("DELETE FROM target_owners WHERE binding_key = ?", (key,))
-        await BindingRepository.mark_inactive_tx(tx, key, at_ms)
+        await uow.execute("UPDATE workspace_bindings SET topic_state = 'deleted' WHERE binding_key = ?", (key,))
+        await uow.execute("DELETE FROM target_owners WHERE binding_key = ?", (key,))
+        await BindingRepository.mark_inactive_tx(uow, key, at_ms)
         return key
 
     @staticmethod
-    async def set_topic_state_tx(tx: Transaction, binding_key: str, state: str) -> None:
-        await tx.execute("UPDATE workspace_bindings SET topic_state = ? WHERE binding_key = ?", (state, binding_key))
+    async def set_topic_state_tx(uow: UnitOfWork, binding_key: str, state: str) -> None:
+        await uow.execute("UPDATE workspace_bindings SET topic_state = ? WHERE binding_key = ?", (state, binding_key))
 
     @staticmethod
-    async def set_display_title_tx(tx: Transaction, binding_key: str, title: str) -> None:
-        await tx.execute("UPDATE workspace_bindings SET display_title = ? WHERE binding_key = ?", (title, binding_key))
+    async def set_display_title_tx(uow: UnitOfWork, binding_key: str, title: str) -> None:
+        await uow.execute("UPDATE workspace_bindings SET display_title = ? WHERE binding_key = ?", (title, binding_key))
 
     @staticmethod
-    async def set_manual_name_tx(tx: Transaction, binding_key: str, name: str) -> None:
+    async def set_manual_name_tx(uow: UnitOfWork, binding_key: str, name: str) -> None:
         """The title an owner gave the topic in Telegram; every display mode keeps it."""
-        await tx.execute("UPDATE workspace_bindings SET manual_name = ?, display_title = ? WHERE binding_key = ?",
+        await uow.execute("UPDATE workspace_bindings SET manual_name = ?, display_title = ? WHERE binding_key = ?",
                          (name, name, binding_key))
 
     @staticmethod
-    async def set_offline_notified_tx(tx: Transaction, binding_key: str) -> bool:
-        changed = await tx.execute(
+    async def set_offline_notified_tx(uow: UnitOfWork, binding_key: str) -> bool:
+        changed = await uow.execute(
             "UPDATE workspace_bindings SET offline_notified = 1 WHERE binding_key = ? AND offline_notified = 0",
             (binding_key,),
         )
         return changed > 0
 
     @staticmethod
-    async def owner_tx(tx: Transaction, binding_key: str) -> OwnerRecord | None:
-        row = await tx.fetch_one("SELECT * FROM target_owners WHERE binding_key = ?", (binding_key,))
+    async def owner_tx(uow: UnitOfWork, binding_key: str) -> OwnerRecord | None:
+        row = await uow.fetch_one("SELECT * FROM target_owners WHERE binding_key = ?", (binding_key,))
         return None if row is None else _owner(row)
 
     @staticmethod
-    async def set_owner_tx(tx: Transaction, owner: OwnerRecord) -> None:
-        await tx.execute(
+    async def set_owner_tx(uow: UnitOfWork, owner: OwnerRecord) -> None:
+        await uow.execute(
             """INSERT INTO target_owners (binding_key, instance_id, registration_generation, pid, process_birth_id,
                    host_id, updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT (binding_key) DO UPDATE SET instance_id = excluded.instance_id,
@@ -187,9 +188,9 @@ class BindingRepository:
         )
 
     @staticmethod
-    async def detach_owner_tx(tx: Transaction, expected: OwnerRecord) -> bool:
+    async def detach_owner_tx(uow: UnitOfWork, expected: OwnerRecord) -> bool:
         """Compare-and-delete the exact owner record."""
-        changed = await tx.execute(
+        changed = await uow.execute(
             "DELETE FROM target_owners WHERE binding_key = ? AND instance_id = ? AND registration_generation = ?",
             (expected.binding_key, expected.instance_id, expected.registration_generation),
         )

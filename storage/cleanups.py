@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topicbus.storage.db import Database, Transaction
+from topicbus.storage.db import Database, UnitOfWork
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ class CleanupRepository:
         return [CleanupIntent(**dict(r)) for r in rows]
 
     @staticmethod
-    async def upsert_tx(tx: Transaction, intent: CleanupIntent) -> None:
-        await tx.execute(
+    async def upsert_tx(uow: UnitOfWork, intent: CleanupIntent) -> None:
+        await uow.execute(
             """INSERT INTO pending_cleanups (id, binding_key, instance_id, registration_generation, chat_id, thread_id,
                    reason, requested_at_ms, last_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT (id) DO NOTHING""",
@@ -43,9 +43,9 @@ class CleanupRepository:
         )
 
     @staticmethod
-    async def remove_tx(tx: Transaction, intent_id: str) -> None:
-        await tx.execute("DELETE FROM pending_cleanups WHERE id = ?", (intent_id,))
+    async def remove_tx(uow: UnitOfWork, intent_id: str) -> None:
+        await uow.execute("DELETE FROM pending_cleanups WHERE id = ?", (intent_id,))
 
     @staticmethod
-    async def note_error_tx(tx: Transaction, intent_id: str, error: str) -> None:
-        await tx.execute("UPDATE pending_cleanups SET last_error = ? WHERE id = ?", (error[:500], intent_id))
+    async def note_error_tx(uow: UnitOfWork, intent_id: str, error: str) -> None:
+        await uow.execute("UPDATE pending_cleanups SET last_error = ? WHERE id = ?", (error[:500], intent_id))

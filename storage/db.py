@@ -1,8 +1,12 @@
 """One aiosqlite connection (WAL) with serialised ``BEGIN IMMEDIATE`` write transactions.
 
-Every leader-side mutation goes through :meth:`Database.write`. Passing ``authority`` makes the
-transaction re-check the leader lease *inside* the commit, so a leader that lost its lease can
-never publish a change ("authority": SPEC §5).
+Every write goes through a :class:`UnitOfWork`, and the only way to get one is
+:meth:`Database.unit_of_work`, which requires the leader's :class:`Authority` and re-checks it
+*inside* the transaction, before the body runs: a leader that lost its lease can never publish a
+change (SPEC §5). The two exceptions are structural, not conventions: the lease row itself
+(:meth:`Database.lease_transaction`, used only by ``storage/lease.py``) and migrations (run before
+the connection opens). Reads refuse anything but ``SELECT``/``WITH`` (and reading a ``PRAGMA``), so there is no write path
+around the unit of work (``tests/integration/test_storage.py`` checks all three).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,11 +22,12 @@ from typing import Any
 import aiosqlite
 from loguru import logger
 
+from topicbus.retry import Backoff
 from topicbus.storage.migrate import apply_migrations
 
 BUSY_TIMEOUT_MS = 5_000
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
-LOCKED_RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+LOCKED_RETRY_ATTEMPTS = 8  # 0.05 s doubling: about 6.4 s in all, on top of busy_timeout
 
 
 class AuthorityLost(Exception):
@@ -45,14 +50,29 @@ class _Reader:
     """Read helpers shared by the database and a write transaction (same connection)."""
 
     _conn: aiosqlite.Connection
+    _reads_only = True
 
     # One hop to aiosqlite's worker thread per call (execute + fetch in one go).
     async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        if self._reads_only:
+            _check_read(sql)
         return list(await self._conn.execute_fetchall(sql, params))
 
     async def fetch_one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
+        if self._reads_only:
+            _check_read(sql)
         rows = await self._conn.execute_fetchall(sql, params)
         return rows[0] if rows else None
+
+
+_READ_VERBS = ("SELECT", "WITH")
+
+
+def _check_read(sql: str) -> None:
+    head = sql.lstrip()[:6].upper()
+    if head.startswith(_READ_VERBS) or (head == "PRAGMA" and "=" not in sql):
+        return
+    raise PermissionError("writes go through Database.unit_of_work(authority); reads are SELECT/WITH only")
 
 
 class Database(_Reader):
@@ -95,22 +115,34 @@ class Database(_Reader):
 
     # --- writes ---------------------------------------------------------------------------------
     @asynccontextmanager
-    async def write(self, authority: Authority | None = None) -> AsyncIterator[Transaction]:
-        """A serialised ``BEGIN IMMEDIATE`` transaction; commits on success, rolls back on error.
+    async def unit_of_work(self, authority: Authority) -> AsyncIterator[UnitOfWork]:
+        """A serialised ``BEGIN IMMEDIATE`` transaction under ``authority``; commits on success,
+        rolls back on error.
 
-        ``SQLITE_BUSY`` from an outside writer is retried with backoff (beyond ``busy_timeout``)
-        before :class:`StorageUnavailable` is raised. With ``authority`` the lease row is checked
-        first and :class:`AuthorityLost` aborts the transaction.
+        The lease row is read first, inside the transaction: if owner or epoch changed,
+        :class:`AuthorityLost` aborts it. ``SQLITE_BUSY`` from an outside writer is retried with
+        backoff (beyond ``busy_timeout``) before :class:`StorageUnavailable` is raised.
         """
+        if not isinstance(authority, Authority):
+            raise TypeError("a unit of work needs the leader's Authority")
+        async with self._transaction() as uow:
+            row = await uow.fetch_one("SELECT owner, epoch FROM leader_lease WHERE id = 1")
+            if row is None or row["owner"] != authority.owner or row["epoch"] != authority.epoch:
+                raise AuthorityLost("leader lease changed hands")
+            yield uow
+
+    def lease_transaction(self) -> AbstractAsyncContextManager[UnitOfWork]:
+        """The one write without an authority check: the lease row, which *is* the authority.
+        Only ``storage/lease.py`` uses it."""
+        return self._transaction()
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[UnitOfWork]:
         async with self._write_lock:
             await self._begin()
-            tx = Transaction(self._conn)
+            uow = UnitOfWork(self._conn)
             try:
-                if authority is not None:
-                    row = await tx.fetch_one("SELECT owner, epoch FROM leader_lease WHERE id = 1")
-                    if row is None or row["owner"] != authority.owner or row["epoch"] != authority.epoch:
-                        raise AuthorityLost("leader lease changed hands")
-                yield tx
+                yield uow
             except BaseException:
                 await self._rollback()
                 raise
@@ -120,25 +152,35 @@ class Database(_Reader):
                 await self._rollback()
                 raise StorageUnavailable(f"commit failed: {exc}") from exc
 
-    async def write_statement(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        """One self-contained write statement in its own implicit transaction (one worker-thread
-        hop). The statement must carry its own authority check (see ``JournalRepository``)."""
+    async def self_fenced_statement(self, sql: str, params: Sequence[Any], authority: Authority) -> list[sqlite3.Row]:
+        """One write statement in its own implicit transaction (one worker-thread hop) that carries
+        its own authority check: ``sql`` contains ``{authority_check}`` as its *last* placeholder,
+        an expression that is true only while the lease row still names ``authority``."""
+        if not isinstance(authority, Authority):
+            raise TypeError("a self-fenced statement needs the leader's Authority")
+        statement = sql.format(authority_check=AUTHORITY_CHECK)
         async with self._write_lock:
             try:
-                return list(await self._conn.execute_fetchall(sql, params))
+                return list(await self._conn.execute_fetchall(statement, [*params, authority.owner,
+                                                                           authority.epoch]))
             except sqlite3.OperationalError as exc:
                 raise StorageUnavailable(f"write failed: {exc}") from exc
 
+    async def still_leader(self, authority: Authority) -> bool:
+        row = await self.fetch_one("SELECT owner, epoch FROM leader_lease WHERE id = 1")
+        return row is not None and (row["owner"], row["epoch"]) == (authority.owner, authority.epoch)
+
     async def _begin(self) -> None:
-        for delay in (*LOCKED_RETRY_DELAYS_S, None):
+        backoff = Backoff(initial=0.05, maximum=3.2)
+        while True:
             try:
                 await self._conn.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or delay is None:
+                if not _is_busy(exc) or backoff.attempts + 1 >= LOCKED_RETRY_ATTEMPTS:
                     raise StorageUnavailable(f"cannot start a write transaction: {exc}") from exc
                 logger.bind(phase="storage-busy").warning("database is locked by another writer; waiting")
-                await asyncio.sleep(delay)
+                await backoff.sleep()
 
     async def _rollback(self) -> None:
         try:
@@ -147,8 +189,13 @@ class Database(_Reader):
             pass
 
 
-class Transaction(_Reader):
-    """The handle a write transaction's body uses."""
+AUTHORITY_CHECK = "EXISTS (SELECT 1 FROM leader_lease WHERE id = 1 AND owner = ? AND epoch = ?)"
+
+
+class UnitOfWork(_Reader):
+    """The handle a write transaction's body uses; only :class:`Database` makes one."""
+
+    _reads_only = False
 
     def __init__(self, conn: aiosqlite.Connection):
         self._conn = conn

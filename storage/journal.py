@@ -36,13 +36,13 @@ class JournalRepository:
         self._db = db
 
     async def append(self, update_id: int, binding_key: str, payload: dict[str, Any], now_ms: int,
-                     authority: Authority | None) -> JournalItem | None:
+                     authority: Authority) -> JournalItem | None:
         """Journal one routed update; ``None`` when that update was already journaled."""
         added = await self.append_many([(update_id, binding_key, payload)], now_ms, authority)
         return added[0] if added else None
 
     async def append_many(self, rows: list[tuple[int, str, dict[str, Any]]], now_ms: int,
-                          authority: Authority | None) -> list[JournalItem]:
+                          authority: Authority) -> list[JournalItem]:
         """Journal a batch of routed updates atomically; already journaled ones are skipped.
 
         One statement on the hot path: the rows, the duplicate check (``ON CONFLICT``) and the
@@ -54,22 +54,14 @@ class JournalRepository:
         params: list[Any] = []
         for update_id, binding_key, payload in rows:
             params += [update_id, binding_key, json.dumps(payload, separators=(",", ":")), now_ms]
-        fence = "1"
-        if authority is not None:
-            fence = "EXISTS (SELECT 1 FROM leader_lease WHERE id = 1 AND owner = ? AND epoch = ?)"
-            params += [authority.owner, authority.epoch]
-        found = await self._db.write_statement(
+        found = await self._db.self_fenced_statement(
             f"""INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms)
-                SELECT column1, column2, column3, column4 FROM (VALUES {values}) WHERE {fence}
-                ON CONFLICT (update_id) DO NOTHING RETURNING seq, update_id""", params)
-        if not found and authority is not None and not await self._still_leader(authority):
+                SELECT column1, column2, column3, column4 FROM (VALUES {values}) WHERE {{authority_check}}
+                ON CONFLICT (update_id) DO NOTHING RETURNING seq, update_id""", params, authority)
+        if not found and not await self._db.still_leader(authority):
             raise AuthorityLost("leader lease changed hands")
         seqs = {r["update_id"]: int(r["seq"]) for r in found}
         return sorted((JournalItem(seqs[u], u, k, p, 0) for u, k, p in rows if u in seqs), key=lambda i: i.seq)
-
-    async def _still_leader(self, authority: Authority) -> bool:
-        row = await self._db.fetch_one("SELECT owner, epoch FROM leader_lease WHERE id = 1")
-        return row is not None and (row["owner"], row["epoch"]) == (authority.owner, authority.epoch)
 
     async def pending(self, binding_key: str, limit: int = 500, after_seq: int = 0) -> list[JournalItem]:
         rows = await self._db.fetch_all(
@@ -80,15 +72,15 @@ class JournalRepository:
         return [JournalItem(r["seq"], r["update_id"], r["binding_key"], json.loads(r["payload"]), r["attempts"])
                 for r in rows]
 
-    async def mark_delivered(self, seq: int, binding_key: str, now_ms: int) -> bool:
-        return await self.mark_delivered_many([(seq, binding_key)], now_ms) == 1
+    async def mark_delivered(self, seq: int, binding_key: str, now_ms: int, authority: Authority) -> bool:
+        return await self.mark_delivered_many([(seq, binding_key)], now_ms, authority) == 1
 
-    async def mark_delivered_many(self, receipts: list[tuple[int, str]], now_ms: int) -> int:
+    async def mark_delivered_many(self, receipts: list[tuple[int, str]], now_ms: int, authority: Authority) -> int:
         """Apply follower receipts (seq, binding key) in one transaction; returns how many were new."""
         changed = 0
-        async with self._db.write() as tx:
+        async with self._db.unit_of_work(authority) as uow:
             for seq, binding_key in receipts:
-                changed += await tx.execute(
+                changed += await uow.execute(
                     """UPDATE inbound_journal SET status = 'delivered', delivered_at_ms = ?
                        WHERE seq = ? AND binding_key = ? AND status = 'pending'""",
                     (now_ms, seq, binding_key))
@@ -106,7 +98,7 @@ class JournalRepository:
             "SELECT binding_key, COUNT(*) AS n FROM inbound_journal WHERE status = 'pending' GROUP BY binding_key")
         return {r["binding_key"]: r["n"] for r in rows}
 
-    async def purge_delivered(self, older_than_ms: int) -> int:
-        async with self._db.write() as tx:
-            return await tx.execute(
+    async def purge_delivered(self, older_than_ms: int, authority: Authority) -> int:
+        async with self._db.unit_of_work(authority) as uow:
+            return await uow.execute(
                 "DELETE FROM inbound_journal WHERE status = 'delivered' AND delivered_at_ms < ?", (older_than_ms,))

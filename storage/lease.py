@@ -24,23 +24,23 @@ class LeaseRepository:
 
     async def try_acquire(self, owner: str, now_ms: int, stale_after_ms: int) -> Authority | None:
         """Take the lease when it is free or stale; every acquisition mints a new epoch."""
-        async with self._db.write() as tx:
-            row = await tx.fetch_one("SELECT owner, epoch, heartbeat_at_ms FROM leader_lease WHERE id = 1")
+        async with self._db.lease_transaction() as uow:
+            row = await uow.fetch_one("SELECT owner, epoch, heartbeat_at_ms FROM leader_lease WHERE id = 1")
             if row is None:
                 epoch = 1
-                await tx.execute("INSERT INTO leader_lease (id, owner, epoch, heartbeat_at_ms) VALUES (1, ?, ?, ?)",
+                await uow.execute("INSERT INTO leader_lease (id, owner, epoch, heartbeat_at_ms) VALUES (1, ?, ?, ?)",
                                  (owner, epoch, now_ms))
                 return Authority(owner, epoch)
             if row["owner"] != owner and now_ms - row["heartbeat_at_ms"] <= stale_after_ms:
                 return None
             epoch = row["epoch"] + 1
-            await tx.execute("UPDATE leader_lease SET owner = ?, epoch = ?, heartbeat_at_ms = ? WHERE id = 1",
+            await uow.execute("UPDATE leader_lease SET owner = ?, epoch = ?, heartbeat_at_ms = ? WHERE id = 1",
                              (owner, epoch, now_ms))
             return Authority(owner, epoch)
 
     async def refresh(self, authority: Authority, now_ms: int) -> bool:
-        async with self._db.write() as tx:
-            changed = await tx.execute(
+        async with self._db.lease_transaction() as uow:
+            changed = await uow.execute(
                 "UPDATE leader_lease SET heartbeat_at_ms = ? WHERE id = 1 AND owner = ? AND epoch = ?",
                 (now_ms, authority.owner, authority.epoch),
             )
@@ -48,8 +48,8 @@ class LeaseRepository:
 
     async def release(self, authority: Authority) -> None:
         """Give the lease up at graceful shutdown so a standby takes over at once."""
-        async with self._db.write() as tx:
-            await tx.execute(
+        async with self._db.lease_transaction() as uow:
+            await uow.execute(
                 "UPDATE leader_lease SET heartbeat_at_ms = 0 WHERE id = 1 AND owner = ? AND epoch = ?",
                 (authority.owner, authority.epoch),
             )

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from topicbus.storage.db import Authority, Database
+from topicbus.storage.db import Authority, Database, UnitOfWork
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,14 @@ class OutboxRepository:
 
     async def enqueue(self, *, binding_key: str, chat_id: int, thread_id: int | None, instance_id: str,
                       request_id: str, kind: str, payload: dict[str, Any], now_ms: int,
-                      authority: Authority | None) -> tuple[int, bool]:
+                      authority: Authority) -> tuple[int, bool]:
         """Store one item; idempotent per (instance_id, request_id). Returns (id, newly_added)."""
-        async with self._db.write(authority) as tx:
-            row = await tx.fetch_one("SELECT id FROM outbox WHERE instance_id = ? AND request_id = ?",
+        async with self._db.unit_of_work(authority) as uow:
+            row = await uow.fetch_one("SELECT id FROM outbox WHERE instance_id = ? AND request_id = ?",
                                      (instance_id, request_id))
             if row is not None:
                 return row["id"], False
-            new_id = await tx.insert(
+            new_id = await uow.insert(
                 """INSERT INTO outbox (binding_key, chat_id, thread_id, instance_id, request_id, kind, payload,
                        created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
                 (binding_key, chat_id, thread_id, instance_id, request_id, kind,
@@ -47,25 +47,25 @@ class OutboxRepository:
         return [OutboxItem(r["id"], r["binding_key"], r["chat_id"], r["thread_id"], r["kind"],
                            json.loads(r["payload"]), r["attempts"]) for r in rows]
 
-    async def mark_sent(self, item_id: int, now_ms: int) -> None:
-        async with self._db.write() as tx:
-            await tx.execute("UPDATE outbox SET status = 'sent', sent_at_ms = ?, attempts = attempts + 1 WHERE id = ?",
+    async def mark_sent(self, item_id: int, now_ms: int, authority: Authority) -> None:
+        async with self._db.unit_of_work(authority) as uow:
+            await uow.execute("UPDATE outbox SET status = 'sent', sent_at_ms = ?, attempts = attempts + 1 WHERE id = ?",
                              (now_ms, item_id))
 
-    async def mark_failed(self, item_id: int, error: str) -> None:
-        async with self._db.write() as tx:
-            await tx.execute("UPDATE outbox SET status = 'failed', last_error = ?, attempts = attempts + 1 WHERE id = ?",
+    async def mark_failed(self, item_id: int, error: str, authority: Authority) -> None:
+        async with self._db.unit_of_work(authority) as uow:
+            await uow.execute("UPDATE outbox SET status = 'failed', last_error = ?, attempts = attempts + 1 WHERE id = ?",
                              (error[:500], item_id))
 
-    async def note_attempt(self, item_id: int, error: str) -> None:
-        async with self._db.write() as tx:
-            await tx.execute("UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
+    async def note_attempt(self, item_id: int, error: str, authority: Authority) -> None:
+        async with self._db.unit_of_work(authority) as uow:
+            await uow.execute("UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
                              (error[:500], item_id))
 
-    async def retarget(self, binding_key: str, thread_id: int) -> None:
+    @staticmethod
+    async def retarget_tx(uow: UnitOfWork, binding_key: str, thread_id: int) -> None:
         """A binding got a new topic: its undelivered output goes there."""
-        async with self._db.write() as tx:
-            await tx.execute("UPDATE outbox SET thread_id = ? WHERE binding_key = ? AND status = 'pending'",
+        await uow.execute("UPDATE outbox SET thread_id = ? WHERE binding_key = ? AND status = 'pending'",
                              (thread_id, binding_key))
 
     async def count_pending(self) -> int:
@@ -75,6 +75,6 @@ class OutboxRepository:
         rows = await self._db.fetch_all("SELECT DISTINCT binding_key FROM outbox WHERE status = 'pending'")
         return {r["binding_key"] for r in rows}
 
-    async def purge_sent(self, older_than_ms: int) -> int:
-        async with self._db.write() as tx:
-            return await tx.execute("DELETE FROM outbox WHERE status = 'sent' AND sent_at_ms < ?", (older_than_ms,))
+    async def purge_sent(self, older_than_ms: int, authority: Authority) -> int:
+        async with self._db.unit_of_work(authority) as uow:
+            return await uow.execute("DELETE FROM outbox WHERE status = 'sent' AND sent_at_ms < ?", (older_than_ms,))

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from topicbus.storage.bindings import Binding
-from topicbus.storage.db import Database, Transaction
+from topicbus.storage.db import Database, UnitOfWork
 
 
 @dataclass(frozen=True)
@@ -34,20 +34,20 @@ class RetirementRepository:
         return [_intent(r) for r in rows]
 
     @staticmethod
-    async def insert_tx(tx: Transaction, intent: RetirementIntent) -> None:
-        await tx.execute(
+    async def insert_tx(uow: UnitOfWork, intent: RetirementIntent) -> None:
+        await uow.execute(
             """INSERT INTO retirement_intents (id, binding_key, binding_snapshot, slot, chat_id, thread_id,
                    leader_epoch, requested_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
             (intent.id, intent.binding_key, json.dumps(asdict(intent.binding)), intent.slot, intent.chat_id,
              intent.thread_id if intent.thread_id is not None else 0, intent.leader_epoch, intent.requested_at_ms))
 
     @staticmethod
-    async def remove_tx(tx: Transaction, intent_id: str) -> bool:
-        return await tx.execute("DELETE FROM retirement_intents WHERE id = ?", (intent_id,)) > 0
+    async def remove_tx(uow: UnitOfWork, intent_id: str) -> bool:
+        return await uow.execute("DELETE FROM retirement_intents WHERE id = ?", (intent_id,)) > 0
 
     @staticmethod
-    async def set_epoch_tx(tx: Transaction, intent_id: str, epoch: int) -> None:
-        await tx.execute("UPDATE retirement_intents SET leader_epoch = ? WHERE id = ?", (epoch, intent_id))
+    async def set_epoch_tx(uow: UnitOfWork, intent_id: str, epoch: int) -> None:
+        await uow.execute("UPDATE retirement_intents SET leader_epoch = ? WHERE id = ?", (epoch, intent_id))
 
 
 def _intent(row) -> RetirementIntent:

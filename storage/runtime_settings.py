@@ -15,14 +15,14 @@ class RuntimeSettingsRepository:
     async def get(self, key: str) -> str | None:
         return await self._db.fetch_value("SELECT value FROM runtime_settings WHERE key = ?", (key,))
 
-    async def set(self, key: str, value: str, now_ms: int, authority: Authority | None = None) -> None:
-        async with self._db.write(authority) as tx:
-            await tx.execute(
+    async def set(self, key: str, value: str, now_ms: int, authority: Authority) -> None:
+        async with self._db.unit_of_work(authority) as uow:
+            await uow.execute(
                 """INSERT INTO runtime_settings (key, value, updated_at_ms) VALUES (?, ?, ?)
                    ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at_ms = excluded.updated_at_ms""",
                 (key, value, now_ms),
             )
 
-    async def reset(self, key: str, authority: Authority | None = None) -> None:
-        async with self._db.write(authority) as tx:
-            await tx.execute("DELETE FROM runtime_settings WHERE key = ?", (key,))
+    async def reset(self, key: str, authority: Authority) -> None:
+        async with self._db.unit_of_work(authority) as uow:
+            await uow.execute("DELETE FROM runtime_settings WHERE key = ?", (key,))

@@ -2,6 +2,8 @@
 
 The HTTP server lives as long as the process (standby included); the WebSocket endpoint accepts
 followers only once the leader has *published* it (after cleanup replay and its own provisioning).
+The server decodes frames and hands each request to the published :class:`LeaderBus` (the leader's
+``FollowerDesk``); it knows nothing of the leader's internals.
 """
 
 from __future__ import annotations
@@ -12,15 +14,39 @@ import hmac
 import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from loguru import logger
 
-from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, ErrorCode, Kind, ProtocolError, ack, decode_frame, encode,
-                          error_ack, leader_identity, request_id_of)
+from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, ErrorCode, FollowerRequest, Kind, ProtocolError,
+                               Registration, SendRequest, ack, decode_frame, encode, error_ack, leader_identity,
+                               request_id_of)
+from topicbus.storage.db import AuthorityLost
 
 REPLAY_LEDGER_SIZE = 4096
+
+
+class LeaderBus(Protocol):
+    """What the bus needs from the leader: one method per request kind."""
+
+    leader_build: str
+
+    def follower_count(self) -> int: ...
+
+    async def register(self, req: Registration, connection: BusConnection) -> dict[str, Any]: ...
+
+    async def heartbeat(self, req: FollowerRequest) -> dict[str, Any]: ...
+
+    async def disconnect(self, req: FollowerRequest) -> dict[str, Any]: ...
+
+    async def send(self, req: SendRequest) -> dict[str, Any]: ...
+
+    async def receipt(self, connection: BusConnection, delivery_id: str) -> None: ...
+
+    def connection_closed(self, connection: BusConnection) -> None: ...
+
+    async def fetch_document(self, file_id: str) -> bytes | None: ...
 
 
 class BusConnection:
@@ -54,7 +80,7 @@ class BusServer:
         self.role = "standby"
         self.epoch = 0
         self.polling = False
-        self.runtime: Any = None  # LeaderRuntime once published
+        self.leader: LeaderBus | None = None  # once published
         self._runner: web.AppRunner | None = None
         self._sockets: set[web.WebSocketResponse] = set()
         self.bound_port: int | None = None
@@ -98,11 +124,11 @@ class BusServer:
                     pass
         return False
 
-    def publish(self, runtime: Any, epoch: int) -> None:
-        self.runtime, self.role, self.epoch = runtime, "leader", epoch
+    def publish(self, leader: LeaderBus, epoch: int) -> None:
+        self.leader, self.role, self.epoch = leader, "leader", epoch
 
     async def unpublish(self, role: str = "standby") -> None:
-        self.runtime, self.role, self.polling = None, role, False
+        self.leader, self.role, self.polling = None, role, False
         for ws in list(self._sockets):
             await ws.close(code=WSCloseCode.GOING_AWAY, message=b"leader stopping")
 
@@ -122,7 +148,7 @@ class BusServer:
         return hmac.compare_digest(hashlib.sha256(supplied).digest(), hashlib.sha256(self._secret).digest())
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        followers = len(self.runtime.registry) if self.runtime is not None else 0
+        followers = self.leader.follower_count() if self.leader is not None else 0
         body = {"role": self.role, "epoch": self.epoch, "followers": followers}
         healthy = self.role == "standby" or (self.role == "leader" and self.polling)
         return web.json_response(body, status=200 if healthy else 503)
@@ -139,25 +165,27 @@ class BusServer:
         """401 without the secret, 503 until the leader has published the bus; None when served."""
         if not self._authorized(request):
             return web.json_response({"error": "unauthorized"}, status=401)
-        if self.runtime is None:
+        if self.leader is None:
             return web.json_response({"error": "not-ready", "role": self.role}, status=503)
         return None
 
     async def _file(self, request: web.Request) -> web.StreamResponse:
         """An owner's document, for the follower it was routed to (Bearer secret)."""
-        runtime = self.runtime
+        leader = self.leader
         if (refused := self._refusal(request)) is not None:
             return refused
-        data = await runtime.fetch_document(request.match_info["file_id"])
+        assert leader is not None
+        data = await leader.fetch_document(request.match_info["file_id"])
         if data is None:
             return web.json_response({"error": "not-found"}, status=404)
         return web.Response(body=data, content_type="application/octet-stream")
 
     # --- WebSocket --------------------------------------------------------------------------------
     async def _bus(self, request: web.Request) -> web.StreamResponse:
-        runtime = self.runtime
+        leader = self.leader
         if (refused := self._refusal(request)) is not None:
             return refused
+        assert leader is not None
         ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, heartbeat=None, autoping=True)
         await ws.prepare(request)
         self._sockets.add(ws)
@@ -165,26 +193,26 @@ class BusServer:
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
-                    await self._handle(runtime, conn, msg.data)
+                    await self._handle(leader, conn, msg.data)
                 elif msg.type == WSMsgType.BINARY:
                     await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"binary frames are not supported")
                 elif msg.type == WSMsgType.ERROR:
                     break
         finally:
             self._sockets.discard(ws)
-            runtime.connection_closed(conn)
+            leader.connection_closed(conn)
         if ws.close_code == WSCloseCode.MESSAGE_TOO_BIG:
             logger.bind(phase="bus-frame").warning("closed a follower socket: frame over 1 MiB")
         return ws
 
-    async def _handle(self, runtime: Any, conn: BusConnection, text: str) -> None:
+    async def _handle(self, leader: LeaderBus, conn: BusConnection, text: str) -> None:
         try:
             kind, model, raw = decode_frame(text)
         except ProtocolError as exc:
             await self._reply(conn, error_ack(request_id_of(text), exc.code, exc.message))
             return
         if kind is Kind.ACK:
-            await runtime.receipt(conn, model.request_id)
+            await leader.receipt(conn, model.request_id)
             return
         request_id = model.request_id
         digest = hashlib.sha256(text.encode()).hexdigest()
@@ -196,20 +224,22 @@ class BusServer:
             return
         try:
             if kind is Kind.REGISTER:
-                result = await runtime.register(model, conn)
-                answer = ack(request_id, result, protocol=leader_identity(runtime.leader_build))
+                result = await leader.register(model, conn)
+                answer = ack(request_id, result, protocol=leader_identity(leader.leader_build))
             elif kind is Kind.HEARTBEAT:
-                answer = ack(request_id, await runtime.heartbeat(model))
+                answer = ack(request_id, await leader.heartbeat(model))
             elif kind is Kind.DISCONNECT:
-                answer = ack(request_id, await runtime.disconnect(model))
+                answer = ack(request_id, await leader.disconnect(model))
             elif kind is Kind.SEND:
-                answer = ack(request_id, await runtime.send(model))
+                answer = ack(request_id, await leader.send(model))
             else:  # pragma: no cover - decode_frame only yields known kinds
                 answer = error_ack(request_id, ErrorCode.UNKNOWN_KIND, "Unknown envelope kind.")
+        except AuthorityLost:
+            answer = error_ack(request_id, ErrorCode.NOT_LEADER, "This process is not the leader (lease lost).")
         except ProtocolError as exc:
             answer = error_ack(request_id, exc.code, exc.message)
             if kind is Kind.REGISTER:
-                answer["protocol"] = leader_identity(runtime.leader_build)
+                answer["protocol"] = leader_identity(leader.leader_build)
         except Exception as exc:  # noqa: BLE001 - one bad request never takes the bus down
             logger.bind(phase="bus-handler").exception("bus handler failed for {}", kind.value)
             answer = error_ack(request_id, ErrorCode.INTERNAL, f"Bus handler failed ({type(exc).__name__}).")

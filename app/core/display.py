@@ -12,12 +12,21 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from topicbus.settings import DisplayMode
+from enum import StrEnum
 
 MAX_TITLE_LENGTH = 128
 """Telegram's limit for a forum topic name (counted in UTF-16 code units, as Telegram does)."""
 
 _WHITESPACE = re.compile(r"\s+")
+class DisplayMode(StrEnum):
+    """How topic titles are shown (reference §5.1)."""
+
+    LETTERS = "letters"
+    NAMES = "names"
+    DIRECTORY_SNAKE = "directory-snake"
+    DIRECTORY_TITLE = "directory-title"
+
+
 _DIRECTORY_MODES = (DisplayMode.DIRECTORY_SNAKE, DisplayMode.DIRECTORY_TITLE)
 
 

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 from typing import Any, Protocol
 
-from topicbus.host import Liveness
-from topicbus.core.mutations import FollowerMutationQueue
+from topicbus.core.liveness import Liveness
 from topicbus.core.registry import FollowerRecord, FollowerRegistry, UnregisteredObservation
 
 MAX_PENDING_OBSERVATIONS = 26
@@ -57,6 +56,10 @@ class RecordEvent(Protocol):
 
     def __call__(self, message_or_error: str | BaseException, /, *, phase: str, **fields: Any) -> None: ...
 
+
+ConfirmedDeadHandler = Callable[[FollowerRecord, Callable[[], bool]], Awaitable[None]]
+"""Delete the topic of a follower proven dead: ``(follower, is_detached)``; the handler takes the
+admission hold and the follower's mutation queue, then re-checks ``is_detached()`` before acting."""
 
 ConfirmedDeadPreservedHandler = Callable[[FollowerRecord, Callable[[], bool], str], Awaitable[bool]]
 
@@ -136,21 +139,19 @@ class FollowerPruner:
         self,
         *,
         registry: FollowerRegistry,
-        mutations: FollowerMutationQueue,
         now_ms: Callable[[], int],
         stale_after_ms: int,
         leader_epoch: Callable[[], int | None],
         profile: Callable[[], str | None],
         liveness: Callable[[FollowerRecord], Liveness],
         cleanup_policy: Callable[[], Awaitable[bool | None]],
-        on_confirmed_dead: Callable[[FollowerRecord], Awaitable[None]],
+        on_confirmed_dead: ConfirmedDeadHandler,
         on_confirmed_dead_preserved: ConfirmedDeadPreservedHandler | None = None,
         record_event: RecordEvent,
         ensure_endpoint: Callable[[], Awaitable[None]] | None = None,
         new_operation_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
         self._registry = registry
-        self._mutations = mutations
         self._now_ms = now_ms
         self._stale_after_ms = stale_after_ms
         self._leader_epoch = leader_epoch
@@ -423,7 +424,7 @@ class FollowerPruner:
             if not is_detached():
                 return
             if delete:
-                await self._on_confirmed_dead(follower.copy())
+                await self._on_confirmed_dead(follower.copy(), is_detached)
             else:
                 assert observation is not None and self._on_confirmed_dead_preserved is not None
                 result = await self._on_confirmed_dead_preserved(
@@ -432,7 +433,7 @@ class FollowerPruner:
                 settled = result is True
 
         try:
-            await self._mutations.run(follower, act)
+            await act()
             if not delete:
                 preserved_event()
         except Exception as error:  # noqa: BLE001

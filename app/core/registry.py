@@ -14,13 +14,7 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A Telegram thread target: a chat plus an optional forum topic id."""
-
-    chat_id: int
-    thread_id: int | None = None
+from topicbus.core.target import Target
 
 
 @dataclass(slots=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal, TypeAlias
 
+from topicbus.core.target import Target
+
 SLOT_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 """The planner alphabet, in allocation order."""
 
@@ -23,8 +25,6 @@ SLOT_COUNT = len(SLOT_LETTERS)
 _DURABLE_LETTERS = frozenset(SLOT_LETTERS.upper())
 _PLANNER_LETTERS = frozenset(SLOT_LETTERS)
 
-Target: TypeAlias = tuple[int, int]
-"""A thread target ``(chat_id, message_thread_id)``."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,8 +249,7 @@ def classify_protection(
 class OccupancyBinding:
     """A stored workspace binding as the occupancy snapshot needs it.
 
-    ``slot`` is the durable uppercase letter (or ``None`` when the binding has none yet); ``target``
-    is ``(chat_id, thread_id)``.
+    ``slot`` is the durable uppercase letter (or ``None`` when the binding has none yet).
     """
 
     binding_key: str

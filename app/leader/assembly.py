@@ -1,66 +1,138 @@
-"""Builds a :class:`LeaderRuntime` and its collaborators from a bot, a store and a clock.
+"""The one place where a leadership term's parts are built and wired, and the order a term opens in.
 
-The one place where the runtime's parts are wired; the leader process and the integration tests
-both use it, so tests exercise exactly the production composition.
+:func:`assemble` constructs every use case once, each with the narrow ports it needs, in an order
+without cycles (no collaborator is attached after construction). :func:`open_term` is the start
+sequence before followers are accepted; the leader process and the integration tests both use
+both, so tests exercise exactly the production composition.
 """
 
 from __future__ import annotations
 
-from telegram import Bot
-from telegram.ext import JobQueue
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from topicbus import __version__
-from topicbus.core.clock import Clock
-from topicbus.leader.departure import DepartureHandler
-from topicbus.leader.display_reconciler import DisplayReconciler
-from topicbus.host import LivenessPort
-from topicbus.logsetup import EventJournal
-from topicbus.leader.outbound import OutboundSender
-from topicbus.leader.provisioning import TopicProvisioner
-from topicbus.leader.rotation import SlotRotation
-from topicbus.core.pruning import FollowerPruner
-from topicbus.leader.runtime import LeaderRuntime
-from topicbus.settings import DisplayMode
+from telegram import Bot
+
 from topicbus.bot.gateway import TelegramGateway
+from topicbus.core.display import DisplayMode
+from topicbus.core.liveness import LivenessPort
+from topicbus.core.mutations import FollowerMutationQueue
+from topicbus.core.pruning import FollowerPruner
+from topicbus.core.startup import Timers
+from topicbus.leader.control import ControlDesk
+from topicbus.leader.delivery import DeliveryHub
+from topicbus.leader.departure import DepartureHandler, Departures
+from topicbus.leader.followers import FollowerDesk
+from topicbus.leader.outbound import OutboundSender
+from topicbus.leader.preferences import Preferences
+from topicbus.leader.provisioning import TopicProvisioner
+from topicbus.leader.registration import Registrations
+from topicbus.leader.roster import Roster
+from topicbus.leader.rotation import SlotRotation
+from topicbus.leader.routing import Router
+from topicbus.leader.status import StatusView
+from topicbus.leader.term import LeaderTerm
+from topicbus.leader.titles import DEBOUNCE_S, DisplayReconciler, TitleCache
+from topicbus.leader.topics import ControlTopic, TopicEvents
 from topicbus.storage.admission import AdmissionLedger
 from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.cleanups import CleanupRepository
-from topicbus.storage.db import Database
-from topicbus.storage.outbox import OutboxRepository
+from topicbus.storage.journal import JournalRepository
 
 
-def assemble_runtime(*, db: Database, bot: Bot, clock: Clock, events: EventJournal, owner: str, chat_id: int,
-                     liveness: LivenessPort, default_cleanup: bool,
-                     default_display_mode: DisplayMode, job_queue: JobQueue | None = None) -> LeaderRuntime:
+@dataclass
+class LeaderServices:
+    """Everything one term runs, by role."""
+
+    term: LeaderTerm
+    gateway: TelegramGateway
+    roster: Roster
+    admission: AdmissionLedger
+    preferences: Preferences
+    control: ControlTopic
+    titles: TitleCache
+    display: DisplayReconciler
+    topics: TopicEvents
+    rotation: SlotRotation
+    departures: Departures
+    pruner: FollowerPruner
+    outbound: OutboundSender
+    router: Router
+    registrations: Registrations
+    control_desk: ControlDesk
+    status: StatusView
+    followers: FollowerDesk
+
+
+def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
+             default_display_mode: DisplayMode, stale_after_ms: int,
+             display_debounce_s: float = DEBOUNCE_S) -> LeaderServices:
     gateway = TelegramGateway(bot)
-    bindings = BindingRepository(db)
-    admission = AdmissionLedger(db, owner, clock.now_ms)
-    runtime: LeaderRuntime
-    provisioner = TopicProvisioner(db=db, bindings=bindings, gateway=gateway, clock=clock, chat_id=chat_id,
-                                   display_mode=lambda: runtime.display_mode)
-    departure = DepartureHandler(db=db, bindings=bindings, cleanups=CleanupRepository(db), gateway=gateway,
-                                 clock=clock, events=events)
-    outbox = OutboundSender(repo=OutboxRepository(db), gateway=gateway, clock_ms=clock.now_ms, events=events,
-                            on_topic_gone=lambda chat, thread: runtime.topic_gone(chat, thread))
-    runtime = LeaderRuntime(db=db, clock=clock, chat_id=chat_id, provisioner=provisioner, gateway=gateway,
-                            departure=departure, outbox=outbox, liveness=liveness, events=events,
-                            default_cleanup=default_cleanup, default_display_mode=default_display_mode,
-                            leader_build=f"topicbus/{__version__}", admission=admission)
-    runtime.rotation = SlotRotation(db=db, bindings=bindings, admission=admission, gateway=gateway,
-                                    runtime=runtime, events=events, gate=provisioner.gate)
-    runtime.display = DisplayReconciler(db=db, bindings=bindings, gateway=gateway, admission=admission,
-                                        events=events, runtime=runtime, job_queue=job_queue)
-    return runtime
-
-
-def assemble_pruner(runtime: LeaderRuntime, *, clock: Clock, stale_after_ms: int,
-                    events: EventJournal) -> FollowerPruner:
-    """The prune pass over the runtime's registry, with the runtime's ports."""
+    roster = Roster(DeliveryHub(JournalRepository(term.db), term.clock, term.authority))
+    admission = AdmissionLedger(term.db, term.owner, term.now_ms, term.authority)
+    mutations = FollowerMutationQueue()
+    preferences = Preferences(term, default_cleanup=default_cleanup, default_display_mode=default_display_mode)
+    control = ControlTopic()
+    titles = TitleCache(BindingRepository(term.db))
+    display = DisplayReconciler(term=term, roster=roster, preferences=preferences, control=control, gateway=gateway,
+                                admission=admission, timers=timers, titles=titles, debounce_s=display_debounce_s)
+    topics = TopicEvents(term, roster, titles.invalidate, display.schedule)
+    provisioner = TopicProvisioner(term, gateway, preferences)
+    rotation = SlotRotation(term=term, roster=roster, admission=admission, gateway=gateway, gate=provisioner.gate)
+    departures = Departures(term, roster, preferences, admission, mutations, DepartureHandler(term, gateway),
+                            display.schedule)
     pruner = FollowerPruner(
-        registry=runtime.registry, mutations=runtime.mutations, now_ms=clock.now_ms, stale_after_ms=stale_after_ms,
-        leader_epoch=runtime.epoch, profile=lambda: "default", liveness=runtime.probe,
-        cleanup_policy=runtime.cleanup_policy, on_confirmed_dead=runtime.on_confirmed_dead,
-        on_confirmed_dead_preserved=runtime.on_confirmed_dead_preserved, record_event=events.record,
-    )
-    runtime.attach_pruner(pruner)
-    return pruner
+        registry=roster.registry, now_ms=term.now_ms, stale_after_ms=stale_after_ms,
+        leader_epoch=lambda: term.epoch, profile=lambda: "default",
+        liveness=lambda r: liveness.probe(r.pid, r.process_birth_id, r.host_id),
+        cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
+        on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record)
+    outbound = OutboundSender(term, gateway, on_topic_gone=topics.gone)
+    router = Router(term, roster, gateway, outbound.wake)
+    registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
+                                  admission=admission, mutations=mutations, pruner=pruner, titles=titles,
+                                  control=control, on_roster_change=display.schedule)
+    control_desk = ControlDesk(term=term, roster=roster, preferences=preferences, admission=admission,
+                               display=display, departures=departures, pruner=pruner)
+    status = StatusView(term=term, roster=roster, preferences=preferences, control=control, router=router,
+                        registrations=registrations, outbound=outbound, rotation=rotation, pruner=pruner)
+    followers = FollowerDesk(term=term, roster=roster, registrations=registrations, departures=departures,
+                             router=router)
+    return LeaderServices(term=term, gateway=gateway, roster=roster, admission=admission, preferences=preferences,
+                          control=control, titles=titles, display=display, topics=topics, rotation=rotation,
+                          departures=departures, pruner=pruner, outbound=outbound, router=router,
+                          registrations=registrations, control_desk=control_desk, status=status, followers=followers)
+
+
+async def open_term(services: LeaderServices, *, replay: bool = True,
+                    provision_control: Callable[[], Awaitable[bool]] | None = None) -> bool:
+    """The start sequence before followers are accepted (SPEC §6.5): settings, the startup window,
+    holds of earlier leaders dropped, pending cleanups replayed, the control topic, the outbound
+    sender, the previous roster restored, pruning begun. ``provision_control`` provisions the control
+    topic (default: once, raising on failure); it returns False when the term should not go on."""
+    s = services
+    authority = s.term.authority()
+    await s.preferences.load()
+    s.display.startup.begin()
+    await s.admission.drop_foreign_holds(authority)
+    if replay:
+        done, failed = await s.departures.handler.replay(authority)
+        if done or failed:
+            s.term.events.record("Replayed pending cleanups", phase="cleanup-replay", completed=done, pending=failed)
+    if provision_control is None:
+        await s.registrations.provision_control_topic()
+    elif not await provision_control():
+        return False
+    s.outbound.start()
+    await s.registrations.restore_roster()
+    s.pruner.begin()
+    return True
+
+
+async def close_term(services: LeaderServices) -> None:
+    """Stop in reverse: no title pass, no pruning, no output sender, then sockets and background work."""
+    services.display.cancel()
+    services.pruner.stop()
+    await services.outbound.stop()
+    await services.roster.close()
+    await services.term.close()
+    services.term.revoke()

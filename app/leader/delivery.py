@@ -9,12 +9,14 @@ receipt lost in a crash only means a redelivery, which followers drop by ``deliv
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from loguru import logger
 
 from topicbus.core.clock import Clock
 from topicbus.protocol import Kind
+from topicbus.storage.db import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository, parse_delivery_id
 
 
@@ -43,9 +45,10 @@ class _Route:
 
 
 class DeliveryHub:
-    def __init__(self, journal: JournalRepository, clock: Clock):
+    def __init__(self, journal: JournalRepository, clock: Clock, authority: Callable[[], Authority]):
         self._journal = journal
         self._clock = clock
+        self._authority = authority
         self._routes: dict[str, _Route] = {}  # binding_key -> current route
         self.delivered = 0
         self._receipts: list[tuple[int, str]] = []
@@ -124,7 +127,8 @@ class DeliveryHub:
         while self._receipts:
             batch, self._receipts = self._receipts, []
             try:
-                self.delivered += await self._journal.mark_delivered_many(batch, self._clock.now_ms())
+                self.delivered += await self._journal.mark_delivered_many(batch, self._clock.now_ms(),
+                                                                          self._authority())
             except Exception as exc:  # noqa: BLE001 - unmarked items are redelivered later, never lost
                 logger.bind(phase="delivery").warning("receipts not recorded ({}); items will be redelivered",
                                                       type(exc).__name__)

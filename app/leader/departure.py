@@ -7,19 +7,29 @@
   binding inactive in one transaction. Zero Telegram calls. Idempotent across retries.
 * **Replay** at leader start: pending intents of a previous leader are finished before followers
   can connect; intents whose binding has been taken over since are cancelled without Telegram calls.
+
+:class:`Departures` is the one place that decides between the two for a graceful disconnect and an
+operator's ``/forget`` (the pruner decides for proven deaths, reference §4.5), and the one lock
+order every departure takes: admission hold, then the follower's mutation queue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from topicbus.core.clock import Clock
-from topicbus.logsetup import EventJournal
-from topicbus.core.registry import FollowerRecord
 from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.core.mutations import FollowerMutationQueue, follower_mutation_key
+from topicbus.core.registry import FollowerRecord
+from topicbus.leader.preferences import Preferences
+from topicbus.leader.roster import Roster
+from topicbus.leader.term import LeaderTerm
+from topicbus.storage.admission import PROFILE, AdmissionLedger
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.cleanups import CleanupIntent, CleanupRepository
-from topicbus.storage.db import Authority, Database
+from topicbus.storage.db import Authority
+
+T = TypeVar("T")
 
 
 class CleanupUnconfirmed(Exception):
@@ -27,14 +37,13 @@ class CleanupUnconfirmed(Exception):
 
 
 class DepartureHandler:
-    def __init__(self, *, db: Database, bindings: BindingRepository, cleanups: CleanupRepository,
-                 gateway: TelegramGateway, clock: Clock, events: EventJournal):
-        self._db = db
-        self._bindings = bindings
-        self._cleanups = cleanups
+    """The two departures' mechanics: durable steps and Telegram calls, no policy."""
+
+    def __init__(self, term: LeaderTerm, gateway: TelegramGateway):
+        self._term = term
         self._gateway = gateway
-        self._clock = clock
-        self._events = events
+        self._bindings = BindingRepository(term.db)
+        self._cleanups = CleanupRepository(term.db)
 
     # --- cleanup (delete) -------------------------------------------------------------------------
     async def cleanup(self, follower: FollowerRecord, authority: Authority, *, reason: str) -> bool:
@@ -49,19 +58,20 @@ class DepartureHandler:
                                      target.thread_id),
             binding_key=follower.binding_key, instance_id=follower.instance_id,
             registration_generation=follower.registration_generation, chat_id=target.chat_id,
-            thread_id=target.thread_id, reason=reason, requested_at_ms=self._clock.now_ms(),
+            thread_id=target.thread_id, reason=reason, requested_at_ms=self._term.now_ms(),
         )
-        async with self._db.write(authority) as tx:
-            await CleanupRepository.upsert_tx(tx, intent)
+        async with self._term.unit_of_work(authority) as uow:
+            await CleanupRepository.upsert_tx(uow, intent)
         return await self.apply(intent, authority)
 
     async def apply(self, intent: CleanupIntent, authority: Authority) -> bool:
         """Carry out one durable intent (also used for replay)."""
+        events = self._term.events
         if await self._superseded(intent):
-            async with self._db.write(authority) as tx:
-                await CleanupRepository.remove_tx(tx, intent.id)
-            self._events.record("Cleanup intent superseded by a newer owner; topic kept",
-                                phase="cleanup-superseded", intentId=intent.id, threadId=intent.thread_id)
+            async with self._term.unit_of_work(authority) as uow:
+                await CleanupRepository.remove_tx(uow, intent.id)
+            events.record("Cleanup intent superseded by a newer owner; topic kept",
+                          phase="cleanup-superseded", intentId=intent.id, threadId=intent.thread_id)
             return False
         closed = await self._gateway.close_topic(intent.chat_id, intent.thread_id)
         if closed.outcome in (Outcome.AMBIGUOUS, Outcome.RETRY_AFTER):
@@ -69,12 +79,12 @@ class DepartureHandler:
         deleted = await self._gateway.delete_topic(intent.chat_id, intent.thread_id)
         if deleted.outcome not in (Outcome.OK, Outcome.GONE):
             await self._unconfirmed(intent, authority, f"delete: {deleted.outcome} {deleted.message}")
-        async with self._db.write(authority) as tx:
-            await BindingRepository.mark_topic_deleted_tx(tx, intent.chat_id, intent.thread_id, self._clock.now_ms())
-            await CleanupRepository.remove_tx(tx, intent.id)
-        self._events.record("Follower topic cleaned up", phase="follower-confirmed-dead-cleanup"
-                            if intent.reason == "confirmed-dead" else "follower-disconnect",
-                            instanceId=intent.instance_id, chatId=intent.chat_id, threadId=intent.thread_id)
+        async with self._term.unit_of_work(authority) as uow:
+            await BindingRepository.mark_topic_deleted_tx(uow, intent.chat_id, intent.thread_id, self._term.now_ms())
+            await CleanupRepository.remove_tx(uow, intent.id)
+        events.record("Follower topic cleaned up", phase="follower-confirmed-dead-cleanup"
+                      if intent.reason == "confirmed-dead" else "follower-disconnect",
+                      instanceId=intent.instance_id, chatId=intent.chat_id, threadId=intent.thread_id)
         return True
 
     async def _superseded(self, intent: CleanupIntent) -> bool:
@@ -86,8 +96,8 @@ class DepartureHandler:
             intent.instance_id, intent.registration_generation)
 
     async def _unconfirmed(self, intent: CleanupIntent, authority: Authority, error: str) -> None:
-        async with self._db.write(authority) as tx:
-            await CleanupRepository.note_error_tx(tx, intent.id, error)
+        async with self._term.unit_of_work(authority) as uow:
+            await CleanupRepository.note_error_tx(uow, intent.id, error)
         raise CleanupUnconfirmed(
             "Follower topic deletion was not confirmed; the cleanup intent is kept and retried by the next "
             f"leader start ({error}).")
@@ -101,7 +111,7 @@ class DepartureHandler:
                 done += 1
             except CleanupUnconfirmed as exc:
                 failed += 1
-                self._events.record(exc, phase="cleanup-replay", level="WARNING", intentId=intent.id)
+                self._term.events.record(exc, phase="cleanup-replay", level="WARNING", intentId=intent.id)
         return done, failed
 
     # --- preservation (detach, keep the topic) -------------------------------------------------------
@@ -112,13 +122,99 @@ class DepartureHandler:
             return False
         if not is_detached():
             return False
-        async with self._db.write(authority) as tx:
-            owner = await BindingRepository.owner_tx(tx, follower.binding_key)
+        async with self._term.unit_of_work(authority) as uow:
+            owner = await BindingRepository.owner_tx(uow, follower.binding_key)
             if owner is None or (owner.instance_id, owner.registration_generation) != (
                     follower.instance_id, follower.registration_generation):
                 return True  # nothing of ours left to detach: settled
             if not is_detached():  # authority, replacement and death re-checked at the commit
                 return False
-            await BindingRepository.detach_owner_tx(tx, owner)
-            await BindingRepository.mark_inactive_tx(tx, follower.binding_key, self._clock.now_ms())
+            await BindingRepository.detach_owner_tx(uow, owner)
+            await BindingRepository.mark_inactive_tx(uow, follower.binding_key, self._term.now_ms())
         return True
+
+
+class Departures:
+    """When a follower is gone for good: admission, then its mutation queue, then the departure."""
+
+    def __init__(self, term: LeaderTerm, roster: Roster, preferences: Preferences, admission: AdmissionLedger,
+                 mutations: FollowerMutationQueue, handler: DepartureHandler,
+                 on_roster_change: Callable[[], None]):
+        self._term = term
+        self._roster = roster
+        self._preferences = preferences
+        self._admission = admission
+        self._mutations = mutations
+        self.handler = handler
+        self._on_roster_change = on_roster_change
+
+    async def _admitted(self, operation_id: str, kind: str, record: FollowerRecord,
+                        op: Callable[[], Awaitable[T]]) -> T:
+        return await self._admission.run(operation_id, kind, [PROFILE],
+                                         lambda: self._mutations.run(follower_mutation_key(record), op))
+
+    async def _depart(self, record: FollowerRecord, authority: Authority, reason: str) -> bool:
+        """The one cleanup-or-preserve decision: policy on → delete the topic; otherwise keep it and
+        detach (an unknown policy never deletes). Returns True when cleanup was chosen."""
+        if await self._preferences.cleanup_policy() is True:
+            await self.handler.cleanup(record, authority, reason=reason)
+            return True
+        await self.handler.preserve(record, lambda: self._term.is_current(authority), authority)
+        return False
+
+    async def disconnect(self, record: FollowerRecord, still_registered: Callable[[], FollowerRecord]) -> None:
+        """A graceful disconnect runs the same path as a confirmed death (reference §4.2)."""
+        async def op() -> None:
+            current = still_registered()
+            authority = self._term.authority()
+            try:
+                await self._depart(current, authority, "disconnect")
+            finally:
+                self._roster.drop(current.instance_id)
+                self._on_roster_change()
+
+        await self._admitted(self._term.new_id(), "workspace.disconnect-follower", record, op)
+
+    async def confirmed_dead(self, record: FollowerRecord, is_detached: Callable[[], bool]) -> None:
+        """The pruner proved the process dead on a fresh attempt with cleanup on: delete."""
+        authority = self._term.authority()
+
+        async def op() -> None:
+            if is_detached():
+                await self.handler.cleanup(record, authority, reason="confirmed-dead")
+
+        try:
+            await self._admitted(self._term.new_id(), "workspace.cleanup-dead-follower", record, op)
+        finally:
+            self._roster.forget_connection(record.instance_id)
+        self._on_roster_change()
+
+    async def confirmed_dead_preserved(self, record: FollowerRecord, is_detached: Callable[[], bool],
+                                       operation_id: str) -> bool:
+        """The pruner proved the process dead with cleanup off: detach and keep the topic. The
+        observation's operation id is reused across retries, so a lost acknowledgement never
+        leaves a second hold or a second inactivity stamp."""
+        authority = self._term.current()
+        if authority is None:
+            return False
+
+        def current() -> bool:
+            return is_detached() and self._term.is_current(authority)
+
+        if not current():
+            return False
+        settled = await self._admitted(operation_id, "workspace.preserve-dead-follower", record,
+                                       lambda: self.handler.preserve(record, current, authority))
+        if settled:
+            self._roster.forget_connection(record.instance_id)
+            self._on_roster_change()
+        return settled
+
+    async def forget(self, record: FollowerRecord) -> bool:
+        """Operator proof that the follower is gone (``/forget``); True when its topic was deleted,
+        False when it was kept and detached."""
+        authority = self._term.authority()
+        deleted = await self._admitted(self._term.new_id(), "workspace.forget-follower", record,
+                                       lambda: self._depart(record, authority, "operator-forget"))
+        self._on_roster_change()
+        return deleted

@@ -12,8 +12,9 @@ import base64
 import time
 from collections.abc import Awaitable, Callable
 
-from topicbus.logsetup import EventJournal
 from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
+from topicbus.leader.term import LeaderTerm
+from topicbus.retry import Backoff
 from topicbus.storage.outbox import OutboxItem, OutboxRepository
 
 MAX_BACKOFF_S = 30.0
@@ -24,17 +25,17 @@ TargetKey = tuple[int, int | None]
 
 
 class OutboundSender:
-    def __init__(self, *, repo: OutboxRepository, gateway: TelegramGateway, clock_ms: Callable[[], int],
-                 events: EventJournal, on_topic_gone: Callable[[int, int], Awaitable[None]]):
-        self._repo = repo
+    def __init__(self, term: LeaderTerm, gateway: TelegramGateway,
+                 on_topic_gone: Callable[[int, int], Awaitable[None]]):
+        self._term = term
+        self._repo = OutboxRepository(term.db)
         self._gateway = gateway
-        self._clock_ms = clock_ms
-        self._events = events
+        self._events = term.events
         self._on_topic_gone = on_topic_gone
         self._wake = asyncio.Event()
         self._workers: dict[TargetKey, asyncio.Task[None]] = {}
         self._paused_until: dict[TargetKey, float] = {}
-        self._backoff: dict[TargetKey, float] = {}
+        self._backoff: dict[TargetKey, Backoff] = {}
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
         self.retry_after_hits = 0
@@ -89,7 +90,7 @@ class OutboundSender:
                 current = item
                 result = await self._send(item)
                 if result.ok:
-                    await self._repo.mark_sent(item.id, self._clock_ms())
+                    await self._repo.mark_sent(item.id, self._term.now_ms(), self._term.authority())
                     self.sent += 1
                     self._backoff.pop(key, None)
                     continue
@@ -99,20 +100,20 @@ class OutboundSender:
                     self._events.record("Telegram flood control; topic paused", phase="outbox-retry-after",
                                         level="WARNING", chatId=key[0], threadId=key[1],
                                         retryAfterS=result.retry_after_s)
-                    await self._repo.note_attempt(item.id, f"retry-after {result.retry_after_s}s")
+                    await self._repo.note_attempt(item.id, f"retry-after {result.retry_after_s}s",
+                                                  self._term.authority())
                     return
                 if result.outcome is Outcome.AMBIGUOUS:
-                    delay = min(self._backoff.get(key, 0.25) * 2, MAX_BACKOFF_S)
-                    self._backoff[key] = delay
-                    self._pause(key, delay)
-                    await self._repo.note_attempt(item.id, f"ambiguous: {result.message}")
+                    backoff = self._backoff.setdefault(key, Backoff(initial=0.5, maximum=MAX_BACKOFF_S))
+                    self._pause(key, backoff.next())
+                    await self._repo.note_attempt(item.id, f"ambiguous: {result.message}", self._term.authority())
                     return
                 if result.outcome is Outcome.GONE and key[1] is not None:
-                    await self._repo.note_attempt(item.id, "topic gone")
+                    await self._repo.note_attempt(item.id, "topic gone", self._term.authority())
                     self._pause(key, MAX_BACKOFF_S)
                     await self._on_topic_gone(key[0], key[1])
                     return
-                await self._repo.mark_failed(item.id, f"{result.outcome}: {result.message}")
+                await self._repo.mark_failed(item.id, f"{result.outcome}: {result.message}", self._term.authority())
                 self._events.record("Telegram rejected follower output", phase="outbox-rejected", level="WARNING",
                                     chatId=key[0], threadId=key[1], error=result.message)
         except asyncio.CancelledError:
@@ -122,9 +123,9 @@ class OutboundSender:
             failing = current
             if failing is not None and failing.attempts + 1 >= MAX_BROKEN_ATTEMPTS:
                 # An item that cannot even be sent (not a Telegram answer) must not block its topic.
-                await self._repo.mark_failed(failing.id, f"unsendable: {type(exc).__name__}")
+                await self._repo.mark_failed(failing.id, f"unsendable: {type(exc).__name__}", self._term.authority())
             elif failing is not None:
-                await self._repo.note_attempt(failing.id, f"unsendable: {type(exc).__name__}")
+                await self._repo.note_attempt(failing.id, f"unsendable: {type(exc).__name__}", self._term.authority())
             self._pause(key, 1.0)
         finally:
             if self._workers.get(key) is asyncio.current_task():

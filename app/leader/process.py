@@ -1,9 +1,9 @@
-"""Composition root of ``topicbus leader``: lease election, one leadership term, graceful stop.
+"""``topicbus leader``: lease election, one leadership term after another, graceful stop.
 
-``LeaderProcess.run`` holds the process-wide pieces (store, HTTP/bus server) and loops: wait as
-standby until the lease is ours, lead until stopped or the lease is lost, repeat. ``LeadershipTerm``
-wires one term: the PTB ``Application`` (handlers, JobQueue, rate limiter), the runtime, the
-outbound sender, the pruner and the poller — started in that order and stopped in reverse.
+:class:`LeaderProcess` holds the process-wide pieces (store, HTTP/bus server) and loops: wait as
+standby until the lease is ours, lead until stopped or the lease is lost, repeat.
+:class:`Leadership` runs one term: the PTB ``Application``, the term's services, the poller — started
+in that order and stopped in reverse.
 """
 
 from __future__ import annotations
@@ -17,22 +17,23 @@ from typing import Any
 
 from loguru import logger
 from telegram.error import InvalidToken, NetworkError, TimedOut
-from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ContextTypes
+from telegram.ext import Application, ContextTypes
 
 from topicbus import handlers
-from topicbus.leader.assembly import assemble_pruner, assemble_runtime
+from topicbus.bot.application import ApplicationUnavailable, build_application
+from topicbus.bot.poller import UpdatePoller
+from topicbus.bot.timers import JobQueueTimers
 from topicbus.bus.server import BusServer, prometheus
 from topicbus.core.clock import Clock, SystemClock
 from topicbus.host import ProcessLiveness, current_host_id
-from topicbus.logsetup import EventJournal
-from topicbus.leader.outbound import OutboundSender
-from topicbus.bot.poller import UpdatePoller
+from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
 from topicbus.leader.provisioning import SlotUnavailable, TopicCreationFailed
-from topicbus.core.pruning import FollowerPruner
 from topicbus.leader.rotation import RotationBlocked
-from topicbus.storage.admission import AdmissionBlocked
-from topicbus.leader.runtime import LeaderRuntime
+from topicbus.leader.term import LeaderTerm
+from topicbus.logsetup import EventJournal
+from topicbus.retry import Backoff, sleep_or_stop
 from topicbus.settings import Settings
+from topicbus.storage.admission import AdmissionBlocked
 from topicbus.storage.db import Authority, Database
 from topicbus.storage.lease import LeaseRepository
 
@@ -54,7 +55,7 @@ class LeaderProcess:
         self.clock = clock or SystemClock()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.events = EventJournal()
-        self.term: LeadershipTerm | None = None
+        self.leadership: Leadership | None = None
         self.server = BusServer(
             host=settings.bus_host, port=settings.bus_port,
             secret=settings.bus_secret.get_secret_value() if settings.bus_secret else None,
@@ -78,13 +79,15 @@ class LeaderProcess:
                         logger.bind(phase="lease").info("another leader holds the lease; waiting as standby")
                         announced = True
                     self.server.role = "standby"
-                    await _wait(stop, STANDBY_POLL_S)
+                    await sleep_or_stop(STANDBY_POLL_S, stop)
                     continue
                 logger.bind(phase="lease").info("leader lease acquired (epoch {})", authority.epoch)
-                self.term = LeadershipTerm(self.settings, db, authority, self.server, self.clock, self.events,
-                                           self.owner)
-                lost = await self.term.run(stop)
-                self.term = None
+                term = LeaderTerm(db=db, clock=self.clock, chat_id=self.settings.chat_id or 0, events=self.events,
+                                  owner=self.owner)
+                term.begin(authority)
+                self.leadership = Leadership(self.settings, term, self.server, leases)
+                lost = await self.leadership.run(stop)
+                self.leadership = None
                 if lost:
                     logger.bind(phase="lease").warning("leader lease lost; returning to standby")
                     authority = None
@@ -101,113 +104,79 @@ class LeaderProcess:
             await db.close()
 
     async def _status(self) -> dict[str, Any]:
-        if self.term is not None and self.term.runtime is not None:
-            snapshot = await self.term.runtime.status_snapshot()
-            snapshot["role"] = self.server.role
-            return snapshot
+        services = self.leadership.services if self.leadership is not None else None
+        if services is not None:
+            return await services.status.snapshot(self.server.role)
         return {"role": self.server.role, "epoch": self.server.epoch, "followers": [], "bindings": []}
 
     def _metrics(self) -> str:
-        term = self.term
-        runtime = term.runtime if term else None
+        leadership = self.leadership
+        services = leadership.services if leadership else None
         values: dict[str, float | int] = {
             "topicbus_leader": 1 if self.server.role == "leader" else 0,
             "topicbus_epoch": self.server.epoch,
-            "topicbus_followers": len(runtime.registry) if runtime else 0,
+            "topicbus_followers": len(services.roster) if services else 0,
         }
-        if runtime is not None and term is not None:
+        if services is not None and leadership is not None:
+            router = services.router
             values.update({
-                "topicbus_routed_total": runtime.stats["routed"],
-                "topicbus_delivered_total": runtime.hub.delivered,
-                "topicbus_registrations_total": runtime.stats["registrations"],
-                "topicbus_outbound_sent_total": runtime.outbox.sent,
-                "topicbus_outbound_retry_after_total": runtime.outbox.retry_after_hits,
-                "topicbus_updates_seen_total": term.poller.updates_seen if term.poller else 0,
-                'topicbus_route_latency_ms{quantile="0.5"}': runtime.route_latency.quantile(0.5) or 0,
-                'topicbus_route_latency_ms{quantile="0.99"}': runtime.route_latency.quantile(0.99) or 0,
-                "topicbus_display_passes_total": runtime.display.passes if runtime.display else 0,
-                "topicbus_display_edits_total": runtime.display.edits if runtime.display else 0,
+                "topicbus_routed_total": router.stats["routed"],
+                "topicbus_delivered_total": services.roster.hub.delivered,
+                "topicbus_registrations_total": services.registrations.count,
+                "topicbus_outbound_sent_total": services.outbound.sent,
+                "topicbus_outbound_retry_after_total": services.outbound.retry_after_hits,
+                "topicbus_updates_seen_total": leadership.poller.updates_seen if leadership.poller else 0,
+                'topicbus_route_latency_ms{quantile="0.5"}': router.latency.quantile(0.5) or 0,
+                'topicbus_route_latency_ms{quantile="0.99"}': router.latency.quantile(0.99) or 0,
+                "topicbus_display_passes_total": services.display.passes,
+                "topicbus_display_edits_total": services.display.edits,
             })
         return prometheus(values, {k: k.replace("_", " ") for k in values})
 
 
-class LeadershipTerm:
+class Leadership:
     """Everything that exists only while this process holds the lease."""
 
-    def __init__(self, settings: Settings, db: Database, authority: Authority, server: BusServer, clock: Clock,
-                 events: EventJournal, owner: str):
+    def __init__(self, settings: Settings, term: LeaderTerm, server: BusServer, leases: LeaseRepository):
         self.settings = settings
-        self.db = db
-        self.authority = authority
+        self.term = term
         self.server = server
-        self.clock = clock
-        self.events = events
-        self.owner = owner
-        self.runtime: LeaderRuntime | None = None
+        self.services: LeaderServices | None = None
         self.poller: UpdatePoller | None = None
-        self.pruner: FollowerPruner | None = None
         self.lost = asyncio.Event()
-        self._leases = LeaseRepository(db)
+        self._leases = leases
         self._polled_once = False
-
-    def build_application(self) -> Application:
-        s = self.settings
-        assert s.bot_token is not None
-        base = s.api_base_url
-        builder = (ApplicationBuilder().token(s.bot_token.get_secret_value()).base_url(base)
-                   .base_file_url(base.replace("/bot", "/file/bot", 1)).updater(None)
-                   .rate_limiter(AIORateLimiter(overall_max_rate=s.rate_limit_per_second,
-                                                group_max_rate=s.rate_limit_per_chat_per_minute, max_retries=0))
-                   .connect_timeout(10).read_timeout(15).write_timeout(30).pool_timeout(5))
-        app = builder.build()
-        if app.job_queue is None:
-            raise FatalLeaderError("python-telegram-bot was installed without the job-queue extra")
-        return app
 
     async def run(self, stop: asyncio.Event) -> bool:
         """Lead until ``stop`` or until the lease is lost; returns True when it was lost."""
         s = self.settings
-        app = self.build_application()
+        try:
+            app = build_application(s)
+        except ApplicationUnavailable as exc:
+            raise FatalLeaderError(str(exc)) from None
         initialized = await self._initialize(app, stop)
         if not initialized or stop.is_set():
             if initialized:
                 await app.shutdown()
             return self.lost.is_set()
-        host_id = current_host_id()
-        runtime = assemble_runtime(db=self.db, bot=app.bot, clock=self.clock, events=self.events, owner=self.owner,
-                                   chat_id=s.chat_id or 0, liveness=ProcessLiveness(host_id),
-                                   default_cleanup=s.thread_cleanup, default_display_mode=s.display_mode,
-                                   job_queue=app.job_queue)
-        outbox, departure = runtime.outbox, runtime.departure
-        runtime.authority = self.authority
-        self.runtime = runtime
-        self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
-                                   batch=runtime.inbound_batch)
-        handlers.register_all(app, runtime, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
-        app.add_error_handler(self._handler_error)
         jq = app.job_queue
         assert jq is not None
-        self.server.role, self.server.epoch = "starting", self.authority.epoch
+        services = assemble(self.term, bot=app.bot, timers=JobQueueTimers(jq),
+                            liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
+                            default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms)
+        self.services = services
+        self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
+                                   batch=services.router.inbound_batch)
+        handlers.register_all(app, services, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
+        app.add_error_handler(self._handler_error)
+        self.server.role, self.server.epoch = "starting", self.term.authority().epoch
         await app.start()
         try:
             jq.run_repeating(self._refresh_lease, interval=s.lease_refresh_ms / 1000, first=s.lease_refresh_ms / 1000,
                              name=LEASE_JOB_ID, job_kwargs={"id": LEASE_JOB_ID, "replace_existing": True,
                                                             "misfire_grace_time": None, "coalesce": True})
-            await runtime.load_runtime_settings()
-            runtime.display.begin_startup()
-            await runtime.admission.drop_foreign_leases(self.authority)
-            done, failed = await departure.replay(self.authority)
-            if done or failed:
-                self.events.record("Replayed pending cleanups", phase="cleanup-replay", completed=done,
-                                   pending=failed)
-            await self._provision_control_topic(runtime, stop)
-            if stop.is_set() or self.lost.is_set():
+            if not await open_term(services, provision_control=lambda: self._provision_control_topic(stop)):
                 return self.lost.is_set()
-            outbox.start()
-            await runtime.restore_roster()
-            self.pruner = assemble_pruner(runtime, clock=self.clock, stale_after_ms=s.follower_stale_after_ms,
-                                          events=self.events)
-            self.pruner.begin()
             jq.run_repeating(self._prune, interval=s.prune_interval_ms / 1000, first=s.prune_interval_ms / 1000,
                              name=PRUNE_JOB_ID, job_kwargs={"id": PRUNE_JOB_ID, "replace_existing": True,
                                                             "coalesce": True, "max_instances": 1,
@@ -215,31 +184,33 @@ class LeadershipTerm:
             jq.run_repeating(self._purge, interval=PURGE_INTERVAL_S, first=60, name=PURGE_JOB_ID,
                              job_kwargs={"id": PURGE_JOB_ID, "replace_existing": True, "coalesce": True,
                                          "max_instances": 1})
-            self.server.publish(runtime, self.authority.epoch)
+            self.server.publish(services.followers, self.term.authority().epoch)
             self.poller.start()
             await self._wait_until_done(stop)
         finally:
-            await self._teardown(app, outbox, runtime)
+            await self._teardown(app, services)
         return self.lost.is_set()
 
-    async def _provision_control_topic(self, runtime: LeaderRuntime, stop: asyncio.Event) -> None:
+    async def _provision_control_topic(self, stop: asyncio.Event) -> bool:
         """The control topic is needed before followers are accepted; retry until Telegram allows it."""
-        delay = 1.0
+        assert self.services is not None
+        backoff = Backoff(initial=1.0, maximum=60.0)
         while not stop.is_set() and not self.lost.is_set():
             try:
-                await runtime.provision_control_topic()
-                return
+                await self.services.registrations.provision_control_topic()
+                return True
             except (TopicCreationFailed, SlotUnavailable, RotationBlocked, AdmissionBlocked) as exc:
+                delay = backoff.next()
                 logger.bind(phase="leader-provision").error(
                     "cannot provision the control topic: {} — check that the bot is an admin with Manage Topics "
                     "in a forum chat; retrying in {:.0f}s", exc, delay)
             await _wait_any(stop, self.lost, delay)
-            delay = min(delay * 2, 60.0)
+        return False
 
     async def _initialize(self, app: Application, stop: asyncio.Event) -> bool:
         """``getMe`` until Telegram answers. The lease refresh job does not run yet, so the lease is
         refreshed here: a leader that waited past the stale window must not start polling."""
-        delay = 0.5
+        backoff = Backoff(initial=0.5, maximum=15.0)
         while not stop.is_set():
             try:
                 await app.initialize()
@@ -248,10 +219,9 @@ class LeadershipTerm:
                 raise FatalLeaderError("Telegram rejected TOPICBUS_BOT_TOKEN (getMe failed)") from exc
             except (TimedOut, NetworkError) as exc:
                 logger.bind(phase="startup").warning("Telegram not reachable ({}); retrying", type(exc).__name__)
-                await _wait(stop, delay)
-                delay = min(delay * 2, 15.0)
-                if not await self._leases.refresh(self.authority, self.clock.now_ms()):
-                    self.lost.set()
+                await backoff.sleep(stop)
+                if not await self._leases.refresh(self.term.authority(), self.term.now_ms()):
+                    self._lose()
                     return False
         return False
 
@@ -260,13 +230,13 @@ class LeadershipTerm:
         if self._polled_once:  # a restarted poller: the startup window is not opened again
             return
         self._polled_once = True
-        # Everything built so far (PTB, handlers, runtime) lives as long as the term: keep it out of
+        # Everything built so far (PTB, handlers, services) lives as long as the term: keep it out of
         # the cyclic collector's scans so collections on the routing path stay short.
         gc.collect()
         gc.freeze()
-        if self.runtime is not None and self.runtime.display is not None:
-            self.runtime.display.arm_startup(self.settings.follower_stale_after_ms / 1000)
-        logger.bind(phase="startup").info("polling Telegram as leader (epoch {})", self.authority.epoch)
+        if self.services is not None:
+            self.services.display.startup.arm(self.settings.follower_stale_after_ms / 1000)
+        logger.bind(phase="startup").info("polling Telegram as leader (epoch {})", self.term.epoch)
 
     async def _wait_until_done(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and not self.lost.is_set():
@@ -279,26 +249,31 @@ class LeadershipTerm:
                 self.poller.start()
             await _wait_any(stop, self.lost, 0.5)
 
+    def _lose(self) -> None:
+        self.lost.set()
+        self.term.revoke()
+
     async def _refresh_lease(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        authority = self.term.current()
+        if authority is None:
+            return
         try:
-            still = await self._leases.refresh(self.authority, self.clock.now_ms())
+            still = await self._leases.refresh(authority, self.term.now_ms())
         except Exception as exc:  # noqa: BLE001 - a busy database: try again next tick
             logger.bind(phase="lease").warning("lease refresh failed ({}); will retry", type(exc).__name__)
             return
         if not still:
-            self.lost.set()
-            if self.runtime is not None:
-                self.runtime.authority = None
+            self._lose()
 
     async def _purge(self, context: ContextTypes.DEFAULT_TYPE) -> None:
-        if self.runtime is not None:
-            journal, outbox = await self.runtime.purge_history(HISTORY_KEEP_MS)
+        if self.services is not None:
+            journal, outbox = await self.services.router.purge_history(HISTORY_KEEP_MS)
             if journal or outbox:
                 logger.bind(phase="purge").info("purged {} delivered messages and {} sent outputs", journal, outbox)
 
     async def _prune(self, context: ContextTypes.DEFAULT_TYPE) -> None:
-        if self.pruner is not None:
-            await self.pruner.tick()
+        if self.services is not None:
+            await self.services.pruner.tick()
 
     async def _handler_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         if self.poller is not None:
@@ -308,29 +283,17 @@ class LeadershipTerm:
         elif context.error is not None:
             logger.bind(phase="job").opt(exception=context.error).warning("job failed")
 
-    async def _teardown(self, app: Application, outbox: OutboundSender, runtime: LeaderRuntime) -> None:
+    async def _teardown(self, app: Application, services: LeaderServices) -> None:
         await self.server.unpublish("standby" if self.lost.is_set() else "stopping")
-        if runtime.display is not None:
-            runtime.display.cancel_startup()
+        services.display.cancel()
         if self.poller is not None:
             await self.poller.stop()
-        if self.pruner is not None:
-            self.pruner.stop()
-        await outbox.stop()
-        await runtime.close()
-        runtime.authority = None
+        await close_term(services)
         try:
             if app.running:
                 await app.stop()
         finally:
             await app.shutdown()
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass
 
 
 async def _wait_any(a: asyncio.Event, b: asyncio.Event, seconds: float) -> None:

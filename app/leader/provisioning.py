@@ -2,24 +2,23 @@
 
 Same identity → same binding → same topic: an existing binding with a live topic is reused with
 zero Telegram calls; a binding whose topic was deleted gets a new topic under its old slot and name;
-a new identity gets the first free slot letter and a new topic. Provisioning is serialised by one
+a new identity gets the first free slot letter (from the slot planner) and a new topic. Provisioning is serialised by one
 gate so two registrations can never take the same letter or create two topics for one binding.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from topicbus.core.clock import Clock
-from topicbus.core.display import DisplayBinding, initial_display_title
-from topicbus.settings import DisplayMode
-from topicbus.core.slots import SLOT_LETTERS, to_durable_slot
 from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.core.display import DisplayBinding, initial_display_title
+from topicbus.core.slots import FreeSlot, Protection, SlotCandidate, plan_slot_allocation, to_durable_slot
 from topicbus.core.workspace import WorkspaceIdentity
+from topicbus.leader.preferences import Preferences
+from topicbus.leader.term import LeaderTerm
 from topicbus.storage.bindings import Binding, BindingRepository, OwnerRecord
-from topicbus.storage.db import Authority, Database
+from topicbus.storage.db import Authority
 
 
 class SlotUnavailable(Exception):
@@ -43,14 +42,11 @@ class ProvisionRequest:
 
 
 class TopicProvisioner:
-    def __init__(self, *, db: Database, bindings: BindingRepository, gateway: TelegramGateway, clock: Clock,
-                 chat_id: int, display_mode: Callable[[], DisplayMode]):
-        self._db = db
-        self._bindings = bindings
+    def __init__(self, term: LeaderTerm, gateway: TelegramGateway, preferences: Preferences):
+        self._term = term
+        self._bindings = BindingRepository(term.db)
         self._gateway = gateway
-        self._clock = clock
-        self._chat_id = chat_id
-        self._display_mode = display_mode
+        self._preferences = preferences
         self.gate = asyncio.Lock()
 
     async def provision(self, request: ProvisionRequest, authority: Authority) -> tuple[Binding, bool]:
@@ -68,45 +64,49 @@ class TopicProvisioner:
             if result.outcome is not Outcome.OK:
                 raise TopicCreationFailed(f"Telegram did not create the topic ({result.outcome}): {result.message}")
             thread_id = int(result.value)
-            async with self._db.write(authority) as tx:
-                await BindingRepository.set_topic_tx(tx, key, thread_id=thread_id, display_title=title,
-                                                     now_ms=self._clock.now_ms())
+            async with self._term.unit_of_work(authority) as uow:
+                await BindingRepository.set_topic_tx(uow, key, thread_id=thread_id, display_title=title,
+                                                     now_ms=self._term.now_ms())
                 if request.owner is not None:
-                    await BindingRepository.set_owner_tx(tx, request.owner)
-                await BindingRepository.mark_active_tx(tx, key)
+                    await BindingRepository.set_owner_tx(uow, request.owner)
+                await BindingRepository.mark_active_tx(uow, key)
             fresh = await self._bindings.get(key)
             assert fresh is not None
             return fresh, True
 
     async def _commit_owner(self, binding: Binding, request: ProvisionRequest, authority: Authority) -> None:
-        async with self._db.write(authority) as tx:
+        async with self._term.unit_of_work(authority) as uow:
             if request.owner is not None:
-                await BindingRepository.set_owner_tx(tx, request.owner)
-            await BindingRepository.mark_active_tx(tx, binding.binding_key)
+                await BindingRepository.set_owner_tx(uow, request.owner)
+            await BindingRepository.mark_active_tx(uow, binding.binding_key)
 
     async def _reserve(self, request: ProvisionRequest, authority: Authority) -> Binding:
         """Durably reserve a slot for a new binding before any Telegram call (no topic yet)."""
-        now = self._clock.now_ms()
-        async with self._db.write(authority) as tx:
+        now = self._term.now_ms()
+        async with self._term.unit_of_work(authority) as uow:
+            # The planner is the one allocator: a free letter is taken here; when every letter is
+            # held, the capacity runner (rotation) decides what may be retired, with full evidence.
             # A letter under a retirement fence still belongs to the victim's binding row until the
             # commit that removes binding, intent and fence together, so it is never taken here.
-            used = await BindingRepository.used_slots_tx(tx)
-            slot = next((to_durable_slot(letter) for letter in SLOT_LETTERS if letter.upper() not in used), None)
-            if slot is None:
+            held = [SlotCandidate(key, slot.lower(), None, Protection.PROTECTED)
+                    for key, slot in (await BindingRepository.slots_tx(uow)).items()]
+            plan = plan_slot_allocation(held, (), now)
+            if not isinstance(plan, FreeSlot):
                 raise SlotUnavailable()
+            slot = to_durable_slot(plan.slot)
             identity = request.identity
             binding = Binding(
                 binding_key=identity.binding_key, kind=request.kind, host_id=identity.host_id, cwd=identity.cwd,
-                session=identity.session, slot=slot, chat_id=self._chat_id, thread_id=None, topic_state="deleted",
+                session=identity.session, slot=slot, chat_id=self._term.chat_id, thread_id=None, topic_state="deleted",
                 thread_name=request.thread_name, manual_name=request.manual_name, display_title=None, inactive_since_ms=None,
                 offline_notified=False, created_at_ms=now, updated_at_ms=now,
             )
-            await BindingRepository.insert_tx(tx, binding)
+            await BindingRepository.insert_tx(uow, binding)
             return binding
 
     async def _initial_title(self, binding: Binding) -> str:
         others = [b for b in await self._bindings.all() if b.binding_key != binding.binding_key]
-        mode = self._display_mode()
+        mode = self._preferences.display_mode
         title = initial_display_title([_display(b, live=b.has_live_topic) for b in others],
                                       _display(binding, live=True), mode)
         return title or binding.manual_name or binding.thread_name or binding.slot or "topicbus"

@@ -27,15 +27,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from topicbus.logsetup import EventJournal
+from topicbus.core.target import Target
 from topicbus.leader.provisioning import SlotUnavailable
+from topicbus.leader.roster import Roster
+from topicbus.leader.term import LeaderTerm
 from topicbus.core.slots import (BlockedSlot, Evidence, ExternalEvidence, FreeSlot, LocalOccupancy, OccupancyBinding,
                        Protection, capture_occupancy)
 from topicbus.bot.gateway import Outcome, TelegramGateway
 from topicbus.storage.admission import AdmissionLedger, Fence
 from topicbus.storage.bindings import Binding, BindingRepository
-from topicbus.storage.db import Authority, Database
+from topicbus.storage.cleanups import CleanupRepository
+from topicbus.storage.db import Authority
 from topicbus.storage.journal import JournalRepository
+from topicbus.storage.outbox import OutboxRepository
 from topicbus.storage.retirement import RetirementIntent, RetirementRepository
 
 T = TypeVar("T")
@@ -58,21 +62,28 @@ class SimulatedCrash(Exception):
 
 
 class SlotRotation:
-    def __init__(self, *, db: Database, bindings: BindingRepository, admission: AdmissionLedger,
-                 gateway: TelegramGateway, runtime: Any, events: EventJournal,
-                 gate: asyncio.Lock, checkpoint: Callable[[str], None] = lambda step: None):
-        self._db = db
-        self._bindings = bindings
+    def __init__(self, *, term: LeaderTerm, roster: Roster, admission: AdmissionLedger, gateway: TelegramGateway,
+                 gate: asyncio.Lock, checkpoint: Callable[[str], Awaitable[None] | None] = lambda step: None):
+        self._term = term
+        self._roster = roster
         self._admission = admission
         self._gateway = gateway
-        self._runtime = runtime  # authority, clock, registry, hub, cleanups, outbox repo, chat id
-        self._events = events
+        self._events = term.events
         self._gate = gate  # the provisioner's gate: no slot is claimed while a retirement runs
         self._runner_gate = asyncio.Lock()
-        self._intents = RetirementRepository(db)
-        self._journal = JournalRepository(db)
+        self._bindings = BindingRepository(term.db)
+        self._intents = RetirementRepository(term.db)
+        self._journal = JournalRepository(term.db)
+        self._cleanups = CleanupRepository(term.db)
+        self._outbox = OutboxRepository(term.db)
         self.checkpoint = checkpoint
         self.retired = 0
+
+    async def _checkpoint(self, step: str) -> None:
+        """A test hook between durable steps (a simulated crash, or a change made at that moment)."""
+        result = self.checkpoint(step)
+        if result is not None:
+            await result
 
     # --- the capacity runner ----------------------------------------------------------------------
     async def run(self, operation: Callable[[], Awaitable[T]]) -> T:
@@ -100,7 +111,7 @@ class SlotRotation:
     async def rotate(self, *, recovery: bool = False) -> RotationResult:
         """Retire one eligible binding; with ``recovery`` only finish an interrupted retirement."""
         async with self._gate:
-            authority = self._runtime.authority
+            authority = self._term.current()
             if authority is None:
                 return RotationResult("retained", "authority-changed")
             result = await self._rotate(authority, prepare=not recovery)
@@ -117,17 +128,17 @@ class SlotRotation:
         intents = await self._intents.all()
         fence = await self._admission.fence()
         if fence is not None and fence.owner != self._admission.owner:
-            fence = await self._admission.adopt(fence, authority.epoch)
+            fence = await self._admission.adopt(authority, fence)
             if fence is None:
                 return RotationResult("retained", "fence-conflict")
         if fence is not None and fence.phase == "deletion-rejected":
             return await self._cancel(fence, authority)
         if not intents and fence is not None:
             if fence.phase == "commit-ready" and await self._bindings.get(fence.binding_key) is None:
-                await self._admission.remove_fence(fence, phases=("commit-ready",))
+                await self._admission.remove_fence(authority, fence, phases=("commit-ready",))
                 return RotationResult("retired", slot=fence.slot, binding_key=fence.binding_key)
             if fence.phase == "fenced":
-                await self._admission.remove_fence(fence, phases=("fenced",))
+                await self._admission.remove_fence(authority, fence, phases=("fenced",))
                 return RotationResult("cancelled", "stale-fence")
         if len(intents) > 1:
             return RotationResult("blocked", "existing-intent-conflict")
@@ -143,7 +154,7 @@ class SlotRotation:
 
     async def _prepare(self, authority: Authority) -> RetirementIntent | RotationResult:
         snapshot, bindings = await self._snapshot(exclude_intent=None)
-        plan = snapshot.plan(self._runtime.clock.now_ms())
+        plan = snapshot.plan(self._term.now_ms())
         if isinstance(plan, FreeSlot):
             return RotationResult("not-needed", "free-capacity")
         if isinstance(plan, BlockedSlot):
@@ -152,13 +163,13 @@ class SlotRotation:
         intent = RetirementIntent(id=RetirementIntent.make_id(victim), binding_key=victim.binding_key,
                                   binding=victim, slot=victim.slot or "", chat_id=victim.chat_id,
                                   thread_id=victim.thread_id if victim.has_live_topic else None,
-                                  leader_epoch=authority.epoch, requested_at_ms=self._runtime.clock.now_ms())
-        async with self._db.write(authority) as tx:
-            current = await BindingRepository.get_tx(tx, victim.binding_key)
+                                  leader_epoch=authority.epoch, requested_at_ms=self._term.now_ms())
+        async with self._term.unit_of_work(authority) as uow:
+            current = await BindingRepository.get_tx(uow, victim.binding_key)
             if current != victim:
                 return RotationResult("blocked", "state-changed")
-            await RetirementRepository.insert_tx(tx, intent)
-        self.checkpoint("intent-written")
+            await RetirementRepository.insert_tx(uow, intent)
+        await self._checkpoint("intent-written")
         return intent
 
     async def _execute(self, intent: RetirementIntent, fence: Fence | None,
@@ -166,8 +177,8 @@ class SlotRotation:
         if fence is not None and fence.retirement_intent_id != intent.id:
             return RotationResult("retained", "fence-conflict")
         if intent.leader_epoch != authority.epoch:
-            async with self._db.write(authority) as tx:
-                await RetirementRepository.set_epoch_tx(tx, intent.id, authority.epoch)
+            async with self._term.unit_of_work(authority) as uow:
+                await RetirementRepository.set_epoch_tx(uow, intent.id, authority.epoch)
         current = await self._bindings.get(intent.binding_key)
         if current is None:
             # The binding is already gone: a committed removal whose fence/intent cleanup was cut short.
@@ -176,35 +187,36 @@ class SlotRotation:
         if fence is None or fence.phase == "fenced":
             if current != intent.binding or not await self._eligible(intent):
                 if fence is not None:
-                    await self._admission.remove_fence(fence, phases=("fenced",))
+                    await self._admission.remove_fence(authority, fence, phases=("fenced",))
                 await self._drop_intent(intent, authority)
                 return RotationResult("retained", "protection-changed")
             if fence is None:
                 acquired = await self._admission.acquire_fence(
+                    authority,
                     operation_id=str(uuid.uuid4()), intent_id=intent.id, binding_key=intent.binding_key,
                     slot=intent.slot, chat_id=intent.chat_id, thread_id=intent.thread_id or 0,
                     leader_epoch=authority.epoch)
                 if isinstance(acquired, str):
                     return RotationResult("retained", acquired)
                 fence = acquired
-                self.checkpoint("fenced")
+                await self._checkpoint("fenced")
                 if not await self._eligible(intent):  # protection may have changed while fencing
-                    await self._admission.remove_fence(fence, phases=("fenced",))
+                    await self._admission.remove_fence(authority, fence, phases=("fenced",))
                     await self._drop_intent(intent, authority)
                     return RotationResult("retained", "protection-changed")
-            if self._runtime.authority != authority:
+            if not self._term.is_current(authority):
                 return RotationResult("retained", "authority-changed")
-            issued = await self._admission.set_phase(fence, "deletion-issued", from_phases=("fenced",))
+            issued = await self._admission.set_phase(authority, fence, "deletion-issued", from_phases=("fenced",))
             if issued is None:
                 return RotationResult("retained", "fence-conflict")
             fence = issued
-            self.checkpoint("permit-issued")
+            await self._checkpoint("permit-issued")
             outcome = await self._delete_once(intent)
-            self.checkpoint("delete-answered")
+            await self._checkpoint("delete-answered")
         elif fence.phase == "deletion-issued":
             outcome = await self._probe(intent)
             if outcome == "present":
-                rejected = await self._admission.set_phase(fence, "deletion-rejected",
+                rejected = await self._admission.set_phase(authority, fence, "deletion-rejected",
                                                            from_phases=("deletion-issued",))
                 if rejected is None:
                     return RotationResult("retained", "fence-conflict")
@@ -213,19 +225,19 @@ class SlotRotation:
         else:
             outcome = "absent" if fence.phase == "commit-ready" else "unknown"
         if outcome == "absent":
-            ready = await self._admission.set_phase(fence, "commit-ready", from_phases=("deletion-issued",))
+            ready = await self._admission.set_phase(authority, fence, "commit-ready", from_phases=("deletion-issued",))
             if ready is None:
                 return RotationResult("retained", "fence-conflict")
-            self.checkpoint("commit-ready")
+            await self._checkpoint("commit-ready")
             await self._finish_commit(intent, ready, authority)
             self._events.record("Workspace slot rotated", phase="workspace-rotation", slot=intent.slot,
                                 threadId=intent.thread_id)
             return RotationResult("retired", slot=intent.slot, binding_key=intent.binding_key)
         if outcome == "rejected":
-            rejected = await self._admission.set_phase(fence, "deletion-rejected", from_phases=("deletion-issued",))
+            rejected = await self._admission.set_phase(authority, fence, "deletion-rejected", from_phases=("deletion-issued",))
             if rejected is None:
                 return RotationResult("retained", "fence-conflict")
-            self.checkpoint("deletion-rejected")
+            await self._checkpoint("deletion-rejected")
             cancelled = await self._cancel(rejected, authority)
             return cancelled if cancelled.kind != "cancelled" else RotationResult("retained", "delete-rejected")
         return RotationResult("retained", "delete-unconfirmed")
@@ -251,17 +263,17 @@ class SlotRotation:
         return answer
 
     async def _finish_commit(self, intent: RetirementIntent, fence: Fence | None, authority: Authority) -> None:
-        async with self._db.write(authority) as tx:
-            await tx.execute("DELETE FROM workspace_bindings WHERE binding_key = ?", (intent.binding_key,))
-            await RetirementRepository.remove_tx(tx, intent.id)
+        async with self._term.unit_of_work(authority) as uow:
+            await uow.execute("DELETE FROM workspace_bindings WHERE binding_key = ?", (intent.binding_key,))
+            await RetirementRepository.remove_tx(uow, intent.id)
             if fence is not None:
-                await self._admission.remove_fence_tx(tx, fence, phases=("commit-ready", "deletion-issued"))
+                await self._admission.remove_fence_tx(uow, fence, phases=("commit-ready", "deletion-issued"))
 
     async def _cancel(self, fence: Fence, authority: Authority) -> RotationResult:
         """A proven rejection: withdraw the intent and release the fence; the binding is kept."""
-        async with self._db.write(authority) as tx:
-            await tx.execute("DELETE FROM retirement_intents WHERE id = ?", (fence.retirement_intent_id,))
-            removed = await self._admission.remove_fence_tx(tx, fence, phases=("deletion-rejected",))
+        async with self._term.unit_of_work(authority) as uow:
+            await uow.execute("DELETE FROM retirement_intents WHERE id = ?", (fence.retirement_intent_id,))
+            removed = await self._admission.remove_fence_tx(uow, fence, phases=("deletion-rejected",))
         if not removed:
             return RotationResult("retained", "fence-release-unconfirmed")
         self._events.record("Slot retirement cancelled after Telegram refused the deletion",
@@ -269,8 +281,8 @@ class SlotRotation:
         return RotationResult("cancelled", "delete-rejected", slot=fence.slot, binding_key=fence.binding_key)
 
     async def _drop_intent(self, intent: RetirementIntent, authority: Authority) -> None:
-        async with self._db.write(authority) as tx:
-            await RetirementRepository.remove_tx(tx, intent.id)
+        async with self._term.unit_of_work(authority) as uow:
+            await RetirementRepository.remove_tx(uow, intent.id)
 
     # --- occupancy ---------------------------------------------------------------------------------
     async def _eligible(self, intent: RetirementIntent) -> bool:
@@ -279,22 +291,20 @@ class SlotRotation:
         return candidate is not None and candidate.protection is Protection.ELIGIBLE
 
     async def _snapshot(self, exclude_intent: str | None):
-        rt = self._runtime
         bindings = {b.binding_key: b for b in await self._bindings.all()}
         owners = {o.binding_key for o in await self._bindings.owners()}
-        followers = rt.registry.list()
-        live_keys = {f.binding_key for f in followers if f.binding_key}
+        live_keys = {f.binding_key for f in self._roster.followers() if f.binding_key}
         current = [b for b in bindings.values() if b.binding_key in owners or b.binding_key in live_keys
                    or b.kind == "leader"]
-        cleanups = await rt.cleanups.all()
+        cleanups = await self._cleanups.all()
         cleanup_keys = {c.binding_key for c in cleanups}
         intents = [i for i in await self._intents.all() if i.id != exclude_intent]
         queued = await self._journal.count_pending()
-        outbox_keys = await rt.outbox_repo.pending_binding_keys()
+        outbox_keys = await self._outbox.pending_binding_keys()
         local = LocalOccupancy(
             current_targets={_target(b) for b in current},
             current_slots={b.slot for b in current if b.slot},
-            pending_cleanup_targets={(c.chat_id, c.thread_id) for c in cleanups},
+            pending_cleanup_targets={Target(c.chat_id, c.thread_id) for c in cleanups},
             pending_cleanup_slots={b.slot for b in bindings.values() if b.binding_key in cleanup_keys and b.slot},
             retirement_binding_keys={i.binding_key for i in intents},
             retirement_slots={i.slot for i in intents},
@@ -304,13 +314,13 @@ class SlotRotation:
             key = ob.binding_key
             owner = Evidence.PROTECTED if key in owners or key in live_keys else Evidence.CLEAR
             work = Evidence.PROTECTED if queued.get(key) or key in outbox_keys else Evidence.CLEAR
-            route = Evidence.PROTECTED if rt.hub.is_online(key) else Evidence.CLEAR
+            route = Evidence.PROTECTED if self._roster.hub.is_online(key) else Evidence.CLEAR
             return ExternalEvidence(live_owner=owner, accepted_work=work, delivery_authority=route)
 
         fence = await self._admission.fence()
         snapshot = capture_occupancy(
             [OccupancyBinding(b.binding_key, b.slot, _target(b), b.inactive_since_ms) for b in bindings.values()],
-            local, external, rt.clock.now_ms(), [fence.slot] if fence else [])
+            local, external, self._term.now_ms(), [fence.slot] if fence else [])
         return snapshot, bindings
 
     async def occupancy(self) -> dict[str, Any]:
@@ -331,5 +341,5 @@ class SlotRotation:
         }
 
 
-def _target(b: Binding) -> tuple[int, int]:
-    return (b.chat_id, b.thread_id or 0)
+def _target(b: Binding) -> Target:
+    return Target(b.chat_id, b.thread_id or 0)

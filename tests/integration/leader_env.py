@@ -13,15 +13,18 @@ from typing import Any
 from telegram import Bot
 from telegram.ext import Application, ApplicationBuilder
 
-from topicbus.leader.assembly import assemble_pruner, assemble_runtime
-from topicbus.host import FakeLiveness, Liveness
+from topicbus.bot.timers import JobQueueTimers
+from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
+from topicbus.leader.term import LeaderTerm
+from topicbus.storage.bindings import Binding, BindingRepository
+from topicbus.core.liveness import Liveness
 from topicbus.logsetup import EventJournal
 from topicbus.protocol import ProtocolError, Registration, decode_frame, encode, follower_identity
 from topicbus.core.pruning import FollowerPruner
-from topicbus.leader.runtime import LeaderRuntime
-from topicbus.settings import DisplayMode
+from topicbus.core.display import DisplayMode
 from topicbus.storage.db import Authority, Database
 from topicbus.storage.lease import LeaseRepository
+from tests.doubles import FakeLiveness
 from tests.fakebotapi import FakeBotApi
 
 os.environ.setdefault("PTB_TIMEDELTA", "true")
@@ -91,6 +94,9 @@ def fenced(kind: str, instance_id: str, generation: str | None, **extra: Any):
 
 
 class LeaderEnv:
+    """One leader term assembled and opened exactly as in production (``assemble`` + ``open_term``),
+    with a manual clock and fake liveness, and without the poller and the bus socket."""
+
     def __init__(self, fake: FakeBotApi, tmp: Path, *, cleanup: bool = True, stale_after_ms: int = 15_000):
         self.fake = fake
         self.tmp = tmp
@@ -105,12 +111,13 @@ class LeaderEnv:
         self.app: Application | None = None
         self.display_mode = DisplayMode.LETTERS
         self.read_timeout = 5.0
-        self.runtime: LeaderRuntime | None = None
-        self.pruner: FollowerPruner | None = None
+        self.display_debounce_s = 1.0
+        self.services: LeaderServices | None = None
+        self.term: LeaderTerm | None = None
         self.authority: Authority | None = None
         self.connections: dict[str, MemoryConnection] = {}
 
-    async def start(self, *, provision_control: bool = True, replay: bool = True) -> LeaderRuntime:
+    async def start(self, *, provision_control: bool = True, replay: bool = True) -> LeaderServices:
         self.db = self.db or await Database.open(self.tmp / "topicbus.sqlite3")
         self.app = (ApplicationBuilder().token(TOKEN).base_url(self.fake.base_url)
                     .base_file_url(self.fake.base_file_url).updater(None).read_timeout(self.read_timeout).build())
@@ -119,23 +126,25 @@ class LeaderEnv:
         self.bot = self.app.bot
         self.authority = await LeaseRepository(self.db).try_acquire(self.owner, self.clock.now_ms(), 8_000)
         assert self.authority is not None
-        self.runtime = assemble_runtime(db=self.db, bot=self.bot, clock=self.clock, events=self.events,
-                                        owner=self.owner, chat_id=CHAT, liveness=self.liveness,  # type: ignore[arg-type]
-                                        default_cleanup=self.cleanup, default_display_mode=self.display_mode,
-                                        job_queue=self.app.job_queue)
-        self.runtime.authority = self.authority
-        await self.runtime.load_runtime_settings()
-        if replay:
-            await self.runtime.departure.replay(self.authority)
-        if provision_control:
-            await self.runtime.provision_control_topic()
-        await self.runtime.restore_roster()
-        self.pruner = assemble_pruner(self.runtime, clock=self.clock, stale_after_ms=self.stale_after_ms,
-                                      events=self.events)
-        self.pruner.begin()
-        return self.runtime
+        self.term = LeaderTerm(db=self.db, clock=self.clock, chat_id=CHAT, events=self.events, owner=self.owner)
+        self.term.begin(self.authority)
+        assert self.app.job_queue is not None
+        self.services = assemble(self.term, bot=self.bot, timers=JobQueueTimers(self.app.job_queue),
+                                 liveness=self.liveness, default_cleanup=self.cleanup,  # type: ignore[arg-type]
+                                 default_display_mode=self.display_mode, stale_after_ms=self.stale_after_ms,
+                                 display_debounce_s=self.display_debounce_s)
 
-    async def restart(self, **kwargs: Any) -> LeaderRuntime:
+        async def no_control_topic() -> bool:
+            return True
+
+        await open_term(self.services, replay=replay,
+                        provision_control=None if provision_control else no_control_topic)
+        # No poller here, so the startup window is never armed: tests that need it open it themselves
+        # (begin + arm); the others run with scheduling unsuppressed, as after the window.
+        self.services.display.startup.cancel()
+        return self.services
+
+    async def restart(self, **kwargs: Any) -> LeaderServices:
         """A successor leader on the same database (new owner, new epoch)."""
         await self.stop(close_db=False)
         self.owner = f"leader-{uuid.uuid4().hex[:6]}"
@@ -143,14 +152,10 @@ class LeaderEnv:
         return await self.start(**kwargs)
 
     async def stop(self, *, close_db: bool = True) -> None:
-        if self.pruner is not None:
-            self.pruner.stop()
-        if self.runtime is not None:
-            await self.runtime.outbox.stop()
-            await self.runtime.close()
+        if self.services is not None:
+            await close_term(self.services)
+            self.services = None
         if self.app is not None:
-            if self.runtime is not None and self.runtime.display is not None:
-                self.runtime.display.cancel_startup()
             await self.app.stop()
             await self.app.shutdown()
             self.app = None
@@ -159,9 +164,9 @@ class LeaderEnv:
             self.db = None
 
     async def register(self, instance_id: str, **kwargs: Any) -> dict[str, Any]:
-        assert self.runtime is not None
+        assert self.services is not None
         conn = self.connections.setdefault(instance_id, MemoryConnection())
-        return await self.runtime.register(registration(instance_id, **kwargs), conn)
+        return await self.services.followers.register(registration(instance_id, **kwargs), conn)
 
     async def register_error(self, instance_id: str, **kwargs: Any) -> ProtocolError:
         try:
@@ -176,9 +181,17 @@ class LeaderEnv:
     def set_alive(self, pid: int) -> None:
         self.liveness.set(pid, Liveness.ALIVE)
 
+    async def bindings(self) -> list[Binding]:
+        assert self.db is not None
+        return await BindingRepository(self.db).all()
+
     async def binding(self, cwd: str) -> Any:
-        assert self.runtime is not None
-        return next((b for b in await self.runtime.bindings.all() if b.cwd == cwd), None)
+        return next((b for b in await self.bindings() if b.cwd == cwd), None)
+
+    @property
+    def pruner(self) -> FollowerPruner:
+        assert self.services is not None
+        return self.services.pruner
 
     def calls(self, method: str) -> list[Any]:
         return self.fake.calls_to(method)

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from topicbus.leader.runtime import DisplayModeRefused
-from topicbus.settings import DisplayMode
+from topicbus.leader.control import DisplayModeRefused
+from topicbus.core.display import DisplayMode
+from topicbus.storage.runtime_settings import RuntimeSettingsRepository
 from tests.integration.leader_env import CHAT, LeaderEnv
 
 
@@ -37,7 +38,7 @@ def titled(env: LeaderEnv) -> LeaderEnv:
 async def two_in_one_directory(env: LeaderEnv) -> tuple[dict, dict]:
     x = await env.register("x", cwd="/work/extensions", name="one", pid=11)
     y = await env.register("y", cwd="/work/extensions", name="two", pid=12)
-    await env.runtime.display.reconcile()
+    await env.services.display.reconcile()
     assert titles(env)[x["threadId"]] == f"Extensions {x['slot']}"
     assert titles(env)[y["threadId"]] == f"Extensions {y['slot']}"
     return x, y
@@ -45,8 +46,8 @@ async def two_in_one_directory(env: LeaderEnv) -> tuple[dict, dict]:
 
 async def start_window(env: LeaderEnv, window_s: float = 0.3) -> None:
     """What the leader does around polling start: suppress, then arm the one-shot deferred pass."""
-    env.runtime.display.begin_startup()
-    env.runtime.display.arm_startup(window_s)
+    env.services.display.startup.begin()
+    env.services.display.startup.arm(window_s)
 
 
 @pytest.mark.parametrize("second_returns", [True, False], ids=["follower-returns", "follower-absent"])
@@ -61,7 +62,7 @@ async def test_case47_deferred_pass_edits_only_what_the_settled_roster_needs(tit
     if second_returns:
         await env.register("y2", cwd="/work/extensions", name="two", pid=22)
     assert edits(env) == []  # suppressed during the window even though the roster changed
-    await until(lambda: env.runtime.display.passes >= 1, what="deferred startup pass")
+    await until(lambda: env.services.display.passes >= 1, what="deferred startup pass")
     assert edits(env) == ([] if second_returns else [(x["threadId"], "Extensions")])
 
 
@@ -73,9 +74,9 @@ async def test_case47_leader_stopped_before_expiry_edits_nothing(titled: LeaderE
     await start_window(env, window_s=0.2)
     env.fake.reset_calls()
     await env.register("x2", cwd="/work/extensions", name="one", pid=21)
-    env.runtime.display.cancel_startup()  # what the leader's teardown does on stop
+    env.services.display.cancel()  # what the leader's teardown does on stop
     await asyncio.sleep(0.4)  # past the window: the cancelled one-shot must not fire
-    assert env.runtime.display.passes == 0 and edits(env) == []
+    assert env.services.display.passes == 0 and edits(env) == []
 
 
 async def test_case48_partial_progress_is_kept_and_retry_edits_only_the_rest(titled: LeaderEnv):
@@ -83,43 +84,43 @@ async def test_case48_partial_progress_is_kept_and_retry_edits_only_the_rest(tit
     await env.start()
     x = await env.register("x", cwd="/work/first", pid=11)
     z = await env.register("z", cwd="/work/second", pid=13)
-    await env.runtime.display.reconcile()
+    await env.services.display.reconcile()
     assert (titles(env)[x["threadId"]], titles(env)[z["threadId"]]) == ("First", "Second")
     env.fake.reset_calls()
     env.fake.fail_next("editForumTopic", status=500, description="Internal Server Error",
                        when=lambda p: p.get("message_thread_id") == z["threadId"])
     with pytest.raises(Exception, match="failed"):
-        await env.runtime.set_display_mode(DisplayMode.LETTERS)
+        await env.services.control_desk.set_display_mode(DisplayMode.LETTERS)
     assert edits(env) == [(x["threadId"], x["slot"])]  # x's title is committed despite z's failure
     env.fake.reset_calls()
-    assert await env.runtime.display.reconcile() == 1
+    assert await env.services.display.reconcile() == 1
     assert edits(env) == [(z["threadId"], z["slot"])]  # the retry edits only the remainder
 
 
 async def test_case56_failed_start_cancels_stabilization_and_scheduling_resumes(titled: LeaderEnv):
     env = titled
+    env.display_debounce_s = 0.05
     await env.start()
-    env.runtime.display.begin_startup()
-    env.runtime.display.schedule()
-    assert env.runtime.display.passes == 0
-    env.runtime.display.cancel_startup()  # polling failed to start
-    assert env.runtime.display.settled
-    env.runtime.display._debounce_s = 0.05
-    env.runtime.display.schedule()
-    await until(lambda: env.runtime.display.passes == 1, what="scheduled pass after a cancelled start")
+    env.services.display.startup.begin()
+    env.services.display.schedule()
+    assert env.services.display.passes == 0
+    env.services.display.cancel()  # polling failed to start
+    assert env.services.display.startup.settled
+    env.services.display.schedule()
+    await until(lambda: env.services.display.passes == 1, what="scheduled pass after a cancelled start")
 
 
 async def test_burst_of_registrations_is_one_debounced_pass(titled: LeaderEnv):
     env = titled
+    env.display_debounce_s = 0.3
     await env.start()
-    env.runtime.display._debounce_s = 0.3
     env.fake.reset_calls()
     results = [await env.register(f"w{i}", cwd="/work/burst", name=f"n{i}", pid=100 + i) for i in range(10)]
-    await until(lambda: env.runtime.display.passes >= 1, what="debounced pass")
+    await until(lambda: env.services.display.passes >= 1, what="debounced pass")
     per_topic: dict[int, int] = {}
     for thread, _ in edits(env):
         per_topic[thread] = per_topic.get(thread, 0) + 1
-    assert env.runtime.display.passes == 1
+    assert env.services.display.passes == 1
     assert all(n <= 1 for n in per_topic.values())
     assert {titles(env)[r["threadId"]] for r in results} == {f"Burst {r['slot']}" for r in results}
 
@@ -129,7 +130,7 @@ async def test_titles_already_right_are_never_edited(titled: LeaderEnv):
     await env.start()
     await two_in_one_directory(env)
     env.fake.reset_calls()
-    assert await env.runtime.display.reconcile() == 0
+    assert await env.services.display.reconcile() == 0
     assert env.calls("editForumTopic") == []
 
 
@@ -137,43 +138,43 @@ async def test_mode_change_refused_while_a_follower_lacks_the_capability(env: Le
     await env.start()
     await env.register("old-client", protocol={"version": 1, "build": "old", "capabilities": ["deliver-v1"]})
     with pytest.raises(DisplayModeRefused):
-        await env.runtime.set_display_mode(DisplayMode.NAMES)
-    assert env.runtime.display_mode is DisplayMode.LETTERS
-    assert await env.runtime.runtime_settings.get("display_mode") is None
+        await env.services.control_desk.set_display_mode(DisplayMode.NAMES)
+    assert env.services.preferences.display_mode is DisplayMode.LETTERS
+    assert await RuntimeSettingsRepository(env.db).get("display_mode") is None
 
 
 async def test_mode_change_is_persisted_and_wins_after_restart(env: LeaderEnv):
     await env.start()
     r = await env.register("a", cwd="/work/alpha-beta", pid=5)
-    await env.runtime.set_display_mode(DisplayMode.DIRECTORY_SNAKE)
+    await env.services.control_desk.set_display_mode(DisplayMode.DIRECTORY_SNAKE)
     assert titles(env)[r["threadId"]] == "alpha_beta"
     await env.restart()
-    assert env.runtime.display_mode is DisplayMode.DIRECTORY_SNAKE
+    assert env.services.preferences.display_mode is DisplayMode.DIRECTORY_SNAKE
 
 
 async def test_forget_slot_applies_the_cleanup_policy(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     r = await env.register("gone", cwd="/work/gone", pid=77)
-    answer = await runtime.forget_slot(r["slot"])
+    answer = await services.control_desk.forget_slot(r["slot"])
     assert "live follower" in answer and env.calls("deleteForumTopic") == []
-    runtime.registry.remove("gone")  # pruned from routing, death not provable
-    answer = await runtime.forget_slot(r["slot"].lower())
+    services.roster.registry.remove("gone")  # pruned from routing, death not provable
+    answer = await services.control_desk.forget_slot(r["slot"].lower())
     assert "deleted" in answer
     assert env.fake.topic(CHAT, r["threadId"]).deleted
-    assert "already detached" in await runtime.forget_slot(r["slot"])
-    assert "control topic" in await runtime.forget_slot("A")
-    assert "No binding" in await runtime.forget_slot("Q")
+    assert "already detached" in await services.control_desk.forget_slot(r["slot"])
+    assert "control topic" in await services.control_desk.forget_slot("A")
+    assert "No binding" in await services.control_desk.forget_slot("Q")
 
 
 async def test_heartbeat_answers_the_current_title_after_a_change(env: LeaderEnv):
     from topicbus.protocol import Kind
     from tests.integration.leader_env import fenced
 
-    runtime = await env.start()
+    services = await env.start()
     r = await env.register("a", cwd="/work/alpha-beta", pid=5)
     beat = fenced(Kind.HEARTBEAT, "a", "g1")
-    assert (await runtime.heartbeat(beat))["displayTitle"] == r["slot"]
-    await runtime.set_display_mode(DisplayMode.DIRECTORY_TITLE)
-    assert (await runtime.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1")))["displayTitle"] == "Alpha Beta"
-    await runtime.topic_renamed(CHAT, r["threadId"], "Renamed by owner")
-    assert (await runtime.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1")))["displayTitle"] == "Renamed by owner"
+    assert (await services.followers.heartbeat(beat))["displayTitle"] == r["slot"]
+    await services.control_desk.set_display_mode(DisplayMode.DIRECTORY_TITLE)
+    assert (await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1")))["displayTitle"] == "Alpha Beta"
+    await services.topics.renamed(CHAT, r["threadId"], "Renamed by owner")
+    assert (await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1")))["displayTitle"] == "Renamed by owner"

@@ -1,6 +1,6 @@
 """Reference cases 40, 45 (preservation part), 46, 49–52: departure of followers over the real store.
 
-Pruning runs through the production pruner (topicbus.leader.assembly.assemble_pruner) driven tick by tick with a
+Pruning runs through the production pruner (built by topicbus.leader.assembly.assemble) driven tick by tick with a
 manual clock; Telegram is the fake Bot API; liveness is a fake port (pid → alive/dead/unknown).
 """
 
@@ -10,10 +10,12 @@ from __future__ import annotations
 import pytest
 
 from topicbus.protocol import ErrorCode, Kind
-from topicbus.storage.admission import PROFILE, lease_id
+from topicbus.storage.admission import PROFILE, hold_id
+from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.cleanups import CleanupIntent, CleanupRepository
-from topicbus.storage.db import Authority, StorageUnavailable
-from topicbus.storage.runtime_settings import CLEANUP_POLICY
+from topicbus.storage.db import StorageUnavailable
+from topicbus.core.liveness import Liveness
+from topicbus.storage.runtime_settings import CLEANUP_POLICY, RuntimeSettingsRepository
 from tests.integration.leader_env import CHAT, LeaderEnv, fenced
 
 
@@ -24,7 +26,7 @@ async def prune(env: LeaderEnv, advance_ms: int = 16_000) -> None:
 
 async def preserved_state(env: LeaderEnv, cwd: str):
     binding = await env.binding(cwd)
-    owner = await env.runtime.bindings.owner(binding.binding_key)
+    owner = await BindingRepository(env.db).owner(binding.binding_key)
     return binding, owner
 
 
@@ -57,46 +59,40 @@ async def test_case45_preserved_dead_followers_detach_with_zero_telegram_calls(o
 
 async def test_case40_preservation_recovers_every_interrupted_prefix(off: LeaderEnv, monkeypatch):
     env = off
-    runtime = await env.start()
+    services = await env.start()
     await env.register("f", cwd="/w", pid=300)
     env.fake.reset_calls()
 
     # 1. process still alive at the first tick: pruned from routing, observation pending, nothing written
     env.set_alive(300)
     await prune(env)
-    assert runtime.registry.get("f") is None and len(runtime.pending_observations()) == 1
+    assert services.roster.registry.get("f") is None and len(env.pruner.pending_observations()) == 1
     assert (await preserved_state(env, "/w"))[1] is not None
-    op_id = runtime.pending_observations()[0]["operationId"]
+    op_id = env.pruner.pending_observations()[0].operation_id
 
-    # 2. dead now, but the cleanup policy cannot be read: nothing runs, observation waits
+    # 2. dead now, but the cleanup policy is unknown (unreadable or invalid): nothing runs, observation waits
     env.set_dead(300)
-    real_get = runtime.runtime_settings.get
-
-    async def broken_get(key):
-        if key == CLEANUP_POLICY:
-            raise StorageUnavailable("disk I/O error")
-        return await real_get(key)
-
-    monkeypatch.setattr(runtime.runtime_settings, "get", broken_get)
+    settings = RuntimeSettingsRepository(env.db)
+    await settings.set(CLEANUP_POLICY, "maybe", env.clock.now_ms(), env.authority)
     await prune(env, 1_000)
-    assert (await preserved_state(env, "/w"))[1] is not None and len(runtime.pending_observations()) == 1
-    monkeypatch.setattr(runtime.runtime_settings, "get", real_get)
+    assert (await preserved_state(env, "/w"))[1] is not None and len(env.pruner.pending_observations()) == 1
+    await settings.reset(CLEANUP_POLICY, env.authority)
 
     # 3. a retirement fence blocks admission: nothing is written, observation waits
-    fence = await runtime.admission.acquire_fence(operation_id="rot", intent_id="i", binding_key="x", slot="Z",
+    fence = await services.admission.acquire_fence(env.authority, operation_id="rot", intent_id="i", binding_key="x", slot="Z",
                                                   chat_id=CHAT, thread_id=9999, leader_epoch=env.authority.epoch)
     await prune(env, 1_000)
     assert (await preserved_state(env, "/w"))[1] is not None
-    assert await runtime.admission.remove_fence(fence, phases=("fenced",))
+    assert await services.admission.remove_fence(env.authority, fence, phases=("fenced",))
 
-    # 4. the lease was written by an earlier attempt whose acknowledgement was lost: resumed, released
-    async with env.db.write() as tx:
-        await tx.execute("INSERT INTO admission_leases VALUES (?, ?, ?, ?, ?, ?)",
-                         (lease_id(op_id, PROFILE), op_id, "workspace.preserve-dead-follower", "profile",
+    # 4. the hold was written by an earlier attempt whose acknowledgement was lost: resumed, released
+    async with env.db.unit_of_work(env.authority) as uow:
+        await uow.execute("INSERT INTO admission_holds VALUES (?, ?, ?, ?, ?, ?)",
+                          (hold_id(op_id, PROFILE), op_id, "workspace.preserve-dead-follower", "profile",
                           env.owner, env.clock.now_ms()))
 
     # 5. the write is interrupted once before it commits
-    real_preserve = runtime.departure.preserve
+    real_preserve = services.departures.handler.preserve
     failures = {"n": 0}
 
     async def interrupted(*args, **kwargs):
@@ -105,9 +101,9 @@ async def test_case40_preservation_recovers_every_interrupted_prefix(off: Leader
             raise StorageUnavailable("interrupted write")
         return await real_preserve(*args, **kwargs)
 
-    monkeypatch.setattr(runtime.departure, "preserve", interrupted)
+    monkeypatch.setattr(services.departures.handler, "preserve", interrupted)
     await prune(env, 1_000)
-    assert (await preserved_state(env, "/w"))[1] is not None and len(runtime.pending_observations()) == 1
+    assert (await preserved_state(env, "/w"))[1] is not None and len(env.pruner.pending_observations()) == 1
     assert "follower-confirmed-dead-preserve" in env.phases()
 
     # 6. the commit lands but its acknowledgement is lost: the retry settles without a second stamp
@@ -115,21 +111,21 @@ async def test_case40_preservation_recovers_every_interrupted_prefix(off: Leader
         await real_preserve(*args, **kwargs)
         raise StorageUnavailable("acknowledgement lost")
 
-    monkeypatch.setattr(runtime.departure, "preserve", ack_lost)
+    monkeypatch.setattr(services.departures.handler, "preserve", ack_lost)
     await prune(env, 1_000)
     first_stamp = (await env.binding("/w")).inactive_since_ms
     assert first_stamp == env.clock.now_ms() and (await preserved_state(env, "/w"))[1] is None
-    monkeypatch.setattr(runtime.departure, "preserve", real_preserve)
+    monkeypatch.setattr(services.departures.handler, "preserve", real_preserve)
     await prune(env, 1_000)
-    assert runtime.pending_observations() == []
+    assert env.pruner.pending_observations() == ()
     assert (await env.binding("/w")).inactive_since_ms == first_stamp
-    assert await runtime.admission.leases() == []
+    assert await services.admission.holds() == []
     assert [c.method for c in env.fake.calls] == []
 
 
 async def test_case46_detachment_rechecks_authority_at_commit(off: LeaderEnv):
     env = off
-    runtime = await env.start()
+    services = await env.start()
     # replacement: the same workspace registers again before death is proven → nothing detached
     await env.register("old", cwd="/r", pid=400)
     env.set_alive(400)
@@ -143,44 +139,34 @@ async def test_case46_detachment_rechecks_authority_at_commit(off: LeaderEnv):
     # revived at commit: liveness flips back to alive → commit refused, observation kept
     await env.register("p", cwd="/p", pid=500)
     await prune(env, 20_000)  # prunes both; "new" (pid 401) is unknown → stays observed
+    # dead for the first two probes (the attempt and its is_detached re-check), alive at the commit
     env.set_dead(500)
-    real_probe = runtime.probe
-    calls = {"n": 0}
-
-    def flapping(record):
-        if record.pid == 500:
-            calls["n"] += 1
-            from topicbus.host import Liveness
-            return Liveness.DEAD if calls["n"] < 3 else Liveness.ALIVE
-        return real_probe(record)
-
-    runtime.probe = flapping
-    env.pruner._liveness = flapping
+    env.liveness.script(500, [Liveness.DEAD, Liveness.DEAD])
+    env.set_alive(500)
     await prune(env, 1_000)
     assert (await preserved_state(env, "/p"))[1] is not None
-    assert any(o["instanceId"] == "p" for o in runtime.pending_observations())
+    assert any(o.instance_id == "p" for o in env.pruner.pending_observations())
 
-    # epoch change: a successor owns the lease → the old runtime detaches nothing
-    env.pruner._liveness = real_probe
+    # epoch change: a successor owns the lease → the old leader detaches nothing
     env.set_dead(500)
-    async with env.db.write() as tx:
-        await tx.execute("UPDATE leader_lease SET owner = 'successor', epoch = epoch + 1")
+    async with env.db.lease_transaction() as uow:
+        await uow.execute("UPDATE leader_lease SET owner = 'successor', epoch = epoch + 1")
     await prune(env, 1_000)
     assert (await preserved_state(env, "/p"))[1] is not None
-    runtime.authority = Authority("successor", env.authority.epoch + 1)
+    services.term.revoke()
 
 
 async def test_case49_unconfirmed_deletion_keeps_intent_and_binding(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     result = await env.register("follower-a", cwd="/d", generation="1")
     env.fake.fail_next("deleteForumTopic", status=500, description="Internal Server Error")
     with pytest.raises(Exception) as info:
-        await runtime.disconnect(fenced(Kind.DISCONNECT, "follower-a", "1"))
+        await services.followers.disconnect(fenced(Kind.DISCONNECT, "follower-a", "1"))
     assert info.value.code is ErrorCode.TELEGRAM_ERROR and "not confirmed" in info.value.message
     binding, owner = await preserved_state(env, "/d")
     assert owner is not None and owner.registration_generation == "1"
     assert binding.inactive_since_ms is None and binding.topic_state != "deleted"
-    intents = await runtime.cleanups.all()
+    intents = await CleanupRepository(env.db).all()
     assert [(i.registration_generation, i.thread_id) for i in intents] == [("1", result["threadId"])]
 
 
@@ -205,9 +191,9 @@ async def test_case51_successor_replays_cleanup_before_provisioning_and_cancels_
     a = await env.register("a", cwd="/a", pid=700, generation="ga")
     b = await env.register("b", cwd="/b", pid=701, generation="gb")
     # a's cleanup intent is durable but its deletion never happened (the leader died)
-    async with env.db.write() as tx:
+    async with env.db.unit_of_work(env.authority) as uow:
         for inst, gen, res, cwd in (("a", "ga", a, "/a"), ("b-old", "gold", b, "/b")):
-            await CleanupRepository.upsert_tx(tx, CleanupIntent(
+            await CleanupRepository.upsert_tx(uow, CleanupIntent(
                 id=CleanupIntent.make_id(inst, gen, CHAT, res["threadId"]), binding_key=res["bindingKey"],
                 instance_id=inst, registration_generation=gen, chat_id=CHAT, thread_id=res["threadId"],
                 reason="confirmed-dead", requested_at_ms=env.clock.now_ms()))
@@ -217,7 +203,7 @@ async def test_case51_successor_replays_cleanup_before_provisioning_and_cancels_
                if c.method.endswith("ForumTopic")]
     # a: close + delete replayed; b: its binding is owned by a newer registration → cancelled, untouched
     assert methods == [("closeForumTopic", a["threadId"]), ("deleteForumTopic", a["threadId"])]
-    assert await env.runtime.cleanups.all() == []
+    assert await CleanupRepository(env.db).all() == []
     assert not env.fake.topic(CHAT, b["threadId"]).deleted
 
 
@@ -238,8 +224,8 @@ async def test_case52_bus_endpoint_unpublished_until_replay_and_provisioning_fin
                 await session.ws_connect(url, headers=headers)
             assert info.value.status == 503
             env = LeaderEnv(fake, tmp_path)
-            runtime = await env.start()
-            server.publish(runtime, env.authority.epoch)
+            services = await env.start()
+            server.publish(services.followers, env.authority.epoch)
             ws = await session.ws_connect(url, headers=headers)
             await ws.close()
             await env.stop()

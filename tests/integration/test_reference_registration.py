@@ -15,33 +15,33 @@ from tests.integration.leader_env import CHAT, Hold, LeaderEnv, fenced
 
 
 async def test_case1_generationless_registration_is_refused_before_any_admission(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     creates_before = len(env.calls("createForumTopic"))
     err = await env.register_error("inst-a", generation=None)
     assert err.code is ErrorCode.MISSING_GENERATION
     assert err.message == "Follower registration requires an exact generation."
-    assert await runtime.admission.leases() == []
+    assert await services.admission.holds() == []
     assert len(env.calls("createForumTopic")) == creates_before
     assert await env.binding("/repo/a") is None
 
     await env.register("inst-a")
     with_no_generation = fenced(Kind.DISCONNECT, "inst-a", None)
     try:
-        await runtime.disconnect(with_no_generation)
+        await services.followers.disconnect(with_no_generation)
         raise AssertionError("generationless disconnect accepted")
     except Exception as exc:  # noqa: BLE001
         assert getattr(exc, "code", None) is ErrorCode.STALE_GENERATION
-    assert env.calls("deleteForumTopic") == [] and runtime.registry.get("inst-a") is not None
+    assert env.calls("deleteForumTopic") == [] and services.roster.registry.get("inst-a") is not None
 
 
 async def test_case2_disconnect_cleanup_is_serialised_before_same_identity_registration(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     first = await env.register("inst-a", cwd="/repo/shared")
     hold = Hold(env.fake, "deleteForumTopic")
     order: list[str] = []
 
     async def disconnect():
-        await runtime.disconnect(fenced(Kind.DISCONNECT, "inst-a", "g1"))
+        await services.followers.disconnect(fenced(Kind.DISCONNECT, "inst-a", "g1"))
         order.append("disconnect")
 
     async def register():
@@ -60,34 +60,34 @@ async def test_case2_disconnect_cleanup_is_serialised_before_same_identity_regis
     assert order == ["disconnect", "register"]
     assert second["threadId"] != first["threadId"]  # the old topic was deleted; a new one was made
     assert second["slot"] == first["slot"]
-    assert runtime.registry.get("inst-a") is None and runtime.registry.get("inst-b") is not None
+    assert services.roster.registry.get("inst-a") is None and services.roster.registry.get("inst-b") is not None
 
 
 async def test_case3_liveness_clock_starts_at_publication_after_slow_provisioning(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     Hold(env.fake, "createForumTopic", before=lambda params: env.clock.advance(20_000)).release.set()
     result = await env.register("inst-slow")
     assert result["slot"] == "B"
-    entry = runtime.registry.get("inst-slow")
+    entry = services.roster.registry.get("inst-slow")
     assert entry.last_heartbeat_ms == env.clock.now_ms()
-    assert runtime.registry.prune_stale(env.clock.now_ms() + 1, 15_000) == []
+    assert services.roster.registry.prune_stale(env.clock.now_ms() + 1, 15_000) == []
 
 
 async def test_case4_registers_and_heartbeats(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     await env.register("inst-a")
-    assert runtime.registry.get("inst-a").last_heartbeat_ms == env.clock.now_ms()
+    assert services.roster.registry.get("inst-a").last_heartbeat_ms == env.clock.now_ms()
     env.clock.advance(500)
-    assert "displayTitle" in await runtime.heartbeat(fenced(Kind.HEARTBEAT, "inst-a", "g1"))
-    assert runtime.registry.get("inst-a").last_heartbeat_ms == env.clock.now_ms()
+    assert "displayTitle" in await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "inst-a", "g1"))
+    assert services.roster.registry.get("inst-a").last_heartbeat_ms == env.clock.now_ms()
     for generation, code in ((None, ErrorCode.STALE_GENERATION), ("other", ErrorCode.STALE_GENERATION)):
         try:
-            await runtime.heartbeat(fenced(Kind.HEARTBEAT, "inst-a", generation))
+            await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "inst-a", generation))
             raise AssertionError("accepted")
         except Exception as exc:  # noqa: BLE001
             assert exc.code is code
     try:
-        await runtime.heartbeat(fenced(Kind.HEARTBEAT, "nobody", "g1"))
+        await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "nobody", "g1"))
         raise AssertionError("accepted")
     except Exception as exc:  # noqa: BLE001
         assert exc.code is ErrorCode.UNKNOWN_INSTANCE and exc.message == "Unknown bus follower instance."
@@ -114,13 +114,13 @@ async def test_case5_and_6_incompatible_protocols_are_refused_before_provisionin
 
 
 async def test_case9_registration_holds_profile_admission_through_publication(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     seen: dict[str, object] = {}
 
     async def during_create(params):
-        leases = await runtime.admission.leases()
-        seen["kinds"] = [(lease.operation_kind, lease.scope) for lease in leases]
-        seen["fence"] = await runtime.admission.acquire_fence(
+        holds = await services.admission.holds()
+        seen["kinds"] = [(hold.operation_kind, hold.scope) for hold in holds]
+        seen["fence"] = await services.admission.acquire_fence(env.authority,
             operation_id="probe", intent_id="i", binding_key="k", slot="Z", chat_id=CHAT, thread_id=999,
             leader_epoch=1)
 
@@ -129,12 +129,12 @@ async def test_case9_registration_holds_profile_admission_through_publication(en
     await env.register("inst-a")
     assert seen["kinds"] == [("workspace.register-follower", "profile")]
     assert seen["fence"] == "admission-active"
-    assert await runtime.admission.leases() == []
+    assert await services.admission.holds() == []
 
-    fence = await runtime.admission.acquire_fence(operation_id="real", intent_id="i", binding_key="k", slot="Z",
+    fence = await services.admission.acquire_fence(env.authority, operation_id="real", intent_id="i", binding_key="k", slot="Z",
                                                   chat_id=CHAT, thread_id=999, leader_epoch=1)
     assert not isinstance(fence, str)
-    assert await runtime.admission.set_phase(fence, "deletion-issued", from_phases=("fenced",))
+    assert await services.admission.set_phase(env.authority, fence, "deletion-issued", from_phases=("fenced",))
     calls = hold.calls
     err = await env.register_error("inst-b", cwd="/repo/b")
     assert err.code is ErrorCode.BLOCKED_BY_RETIREMENT
@@ -143,26 +143,26 @@ async def test_case9_registration_holds_profile_admission_through_publication(en
 
 
 async def test_case10_registration_refused_when_provisioning_loses_the_lease(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
 
     async def steal(params):
-        async with env.db.write() as tx:
-            await tx.execute("UPDATE leader_lease SET owner = 'usurper', epoch = epoch + 1")
+        async with env.db.lease_transaction() as uow:
+            await uow.execute("UPDATE leader_lease SET owner = 'usurper', epoch = epoch + 1")
 
     Hold(env.fake, "createForumTopic", before=steal).release.set()
     err = await env.register_error("inst-a")
     assert err.code is ErrorCode.NOT_LEADER
     assert err.message == "Follower registration lost leader ownership."
-    assert runtime.registry.get("inst-a") is None
-    runtime.authority = Authority("usurper", env.authority.epoch + 1)  # keep teardown quiet
+    assert services.roster.registry.get("inst-a") is None
+    services.term.revoke()  # keep teardown quiet
 
 
 async def test_case11_provisioned_target_is_ack_result_and_registry_target(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     result = await env.register("inst-a")
     topic = env.fake.topic(CHAT, result["threadId"])
     assert topic is not None and not topic.deleted
-    entry = runtime.registry.get("inst-a")
+    entry = services.roster.registry.get("inst-a")
     assert entry.target == Target(CHAT, result["threadId"])
     assert entry.slot == result["slot"] == "B"  # A is the leader's control topic
     assert result["chatId"] == CHAT and result["bindingKey"] == entry.binding_key

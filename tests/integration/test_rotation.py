@@ -10,6 +10,7 @@ import pytest
 
 from topicbus.protocol import ErrorCode
 from topicbus.leader.rotation import SimulatedCrash
+from topicbus.storage.retirement import RetirementRepository
 from tests.integration.leader_env import CHAT, LeaderEnv
 
 
@@ -27,12 +28,12 @@ async def fill(env: LeaderEnv, count: int = 25, *, dead: bool = True) -> list[di
     if dead:
         for i in range(count):
             env.set_dead(1000 + i)
-            env.runtime.registry.heartbeat(f"old{i:02d}", env.clock.now_ms())
+            env.services.roster.registry.heartbeat(f"old{i:02d}", env.clock.now_ms())
         for i in range(count):
             # every other follower keeps heart-beating while old{i} goes stale
             env.clock.advance(16_000)
             for j in range(i + 1, count):
-                env.runtime.registry.heartbeat(f"old{j:02d}", env.clock.now_ms())
+                env.services.roster.registry.heartbeat(f"old{j:02d}", env.clock.now_ms())
             await env.pruner.tick()
     return results
 
@@ -46,7 +47,7 @@ async def test_case12_17_full_capacity_rotates_the_longest_inactive_binding_once
     env = off
     await env.start()
     olds = await fill(env)
-    assert [b.inactive_since_ms is not None for b in await env.runtime.bindings.all()].count(True) == 25
+    assert [b.inactive_since_ms is not None for b in await env.bindings()].count(True) == 25
     victim = olds[0]  # pruned first → oldest inactivity proof
     env.fake.reset_calls()
     new = await env.register("newcomer", cwd="/new/work", pid=5000)
@@ -55,8 +56,8 @@ async def test_case12_17_full_capacity_rotates_the_longest_inactive_binding_once
     assert env.fake.topic(CHAT, victim["threadId"]).deleted
     for other in olds[1:]:
         assert not env.fake.topic(CHAT, other["threadId"]).deleted
-    assert len(await env.runtime.bindings.all()) == 26
-    assert await env.runtime.admission.fence() is None and await env.runtime.admission.leases() == []
+    assert len(await env.bindings()) == 26
+    assert await env.services.admission.fence() is None and await env.services.admission.holds() == []
     # a non-victim comes back and gets its own topic (no capacity needed)
     back = await env.register("old05-again", cwd="/old/05", pid=6000)
     assert back["threadId"] == olds[5]["threadId"] and len(deletes(env)) == 1
@@ -69,7 +70,7 @@ async def test_case12_all_protected_is_a_clear_refusal_with_nothing_deleted(env:
     err = await env.register_error("newcomer", cwd="/new/work", pid=5000)
     assert err.code is ErrorCode.SLOT_UNAVAILABLE
     assert "protected-capacity" in err.message
-    assert deletes(env) == [] and await env.runtime.admission.fence() is None
+    assert deletes(env) == [] and await env.services.admission.fence() is None
 
 
 async def test_case12_already_absent_topic_retires_like_a_deletion(off: LeaderEnv):
@@ -86,7 +87,7 @@ async def test_case45_binding_with_accepted_work_is_skipped(off: LeaderEnv):
     await env.start()
     olds = await fill(env)
     # the oldest has an undelivered owner message: accepted work protects it
-    await env.runtime.route_owner_message(9001, CHAT, olds[0]["threadId"], {"type": "message", "text": "hi"})
+    await env.services.router.route_owner_message(9001, CHAT, olds[0]["threadId"], {"type": "message", "text": "hi"})
     new = await env.register("newcomer", cwd="/new/work", pid=5000)
     assert new["slot"] == olds[1]["slot"]
     assert [c.params["message_thread_id"] for c in deletes(env)] == [olds[1]["threadId"]]
@@ -99,9 +100,9 @@ async def test_case18_proven_rejection_cancels_and_a_later_attempt_uses_a_new_fe
     env.fake.fail_next("deleteForumTopic", status=429, retry_after=1)
     err = await env.register_error("newcomer", cwd="/new/work", pid=5000)
     assert err.code is ErrorCode.SLOT_UNAVAILABLE and "delete-rejected" in err.message
-    assert await env.runtime.admission.fence() is None
-    assert await env.runtime.rotation._intents.all() == []
-    assert len(await env.runtime.bindings.all()) == 26
+    assert await env.services.admission.fence() is None
+    assert await RetirementRepository(env.db).all() == []
+    assert len(await env.bindings()) == 26
     new = await env.register("newcomer", cwd="/new/work", pid=5000, generation="g2")
     assert new["slot"] == olds[0]["slot"]
     assert len(deletes(env)) == 2 and env.fake.topic(CHAT, olds[0]["threadId"]).deleted
@@ -116,14 +117,14 @@ async def test_case23_unconfirmed_deletion_stays_fenced_then_probe_finds_it_abse
         fake.delay_next("deleteForumTopic", 1.0)  # Telegram deletes, but the answer comes too late
         err = await env.register_error("newcomer", cwd="/new/work", pid=5000)
         assert "delete-unconfirmed" in err.message
-        fence = await env.runtime.admission.fence()
+        fence = await env.services.admission.fence()
         assert fence is not None and fence.phase == "deletion-issued"
         # an ordinary registration is blocked by the fence (recovery cannot decide yet? it can: probe)
         new = await env.register("newcomer", cwd="/new/work", pid=5000, generation="g2")
         assert new["slot"] == olds[0]["slot"]
         assert len(deletes(env)) == 1  # resolved by the probe, never a second delete
         assert [c.params["message_thread_id"] for c in env.calls("sendChatAction")] == [olds[0]["threadId"]]
-        assert await env.runtime.admission.fence() is None
+        assert await env.services.admission.fence() is None
     finally:
         await env.stop()
 
@@ -145,25 +146,19 @@ async def test_case22_protection_change_after_fencing_releases_the_fence(off: Le
     env = off
     await env.start()
     olds = await fill(env)
-    runtime = env.runtime
+    services = env.services
 
     async def protect_victim() -> None:
-        await runtime.route_owner_message(9002, CHAT, olds[0]["threadId"], {"type": "message", "text": "late"})
+        await services.router.route_owner_message(9002, CHAT, olds[0]["threadId"], {"type": "message", "text": "late"})
 
-    pending: list = []
-    runtime.rotation.checkpoint = lambda step: pending.append(step) if step == "fenced" else None
-    real_eligible = runtime.rotation._eligible
-
-    async def eligible_after_protection(intent):
-        if pending:
-            pending.clear()
+    async def at_fenced(step: str) -> None:
+        if step == "fenced":  # the victim gets accepted work right after it was fenced
             await protect_victim()
-        return await real_eligible(intent)
 
-    runtime.rotation._eligible = eligible_after_protection
+    services.rotation.checkpoint = at_fenced
     err = await env.register_error("newcomer", cwd="/new/work", pid=5000)
     assert "protection-changed" in err.message
-    assert deletes(env) == [] and await runtime.admission.fence() is None
+    assert deletes(env) == [] and await services.admission.fence() is None
     new = await env.register("newcomer", cwd="/new/work", pid=5000, generation="g2")
     assert new["slot"] == olds[1]["slot"]  # the next-oldest, the first is protected now
 
@@ -179,7 +174,7 @@ async def test_crash_at_each_rotation_step_recovers_without_second_delete(fake, 
             if at == step:
                 raise SimulatedCrash(at)
 
-        env.runtime.rotation.checkpoint = crash
+        env.services.rotation.checkpoint = crash
         with pytest.raises(SimulatedCrash):
             await env.register("newcomer", cwd="/new/work", pid=5000)
         await env.restart()  # successor leader on the same database recovers at its own provisioning
@@ -193,19 +188,19 @@ async def test_crash_at_each_rotation_step_recovers_without_second_delete(fake, 
             binding = await env.binding(f"/old/{olds.index(other):02d}")
             assert binding is not None and binding.thread_id == other["threadId"]
             assert not env.fake.topic(CHAT, other["threadId"]).deleted
-        assert await env.runtime.admission.fence() is None
+        assert await env.services.admission.fence() is None
     finally:
         await env.stop()
 
 
-async def test_case14_leader_provisioning_holds_a_chat_scoped_lease(fake, tmp_path):
+async def test_case14_leader_provisioning_takes_a_chat_scoped_hold(fake, tmp_path):
     env = LeaderEnv(fake, tmp_path)
     seen: dict = {}
 
     async def during_create(params):
-        seen["leases"] = [(lease.operation_kind, lease.scope) for lease in await env.runtime.admission.leases()]
-        seen["fence"] = await env.runtime.admission.acquire_fence(
-            operation_id="probe", intent_id="i", binding_key="k", slot="Z", chat_id=CHAT, thread_id=999,
+        seen["holds"] = [(hold.operation_kind, hold.scope) for hold in await env.services.admission.holds()]
+        seen["fence"] = await env.services.admission.acquire_fence(
+            env.authority, operation_id="probe", intent_id="i", binding_key="k", slot="Z", chat_id=CHAT, thread_id=999,
             leader_epoch=1)
 
     from tests.integration.leader_env import Hold
@@ -213,28 +208,28 @@ async def test_case14_leader_provisioning_holds_a_chat_scoped_lease(fake, tmp_pa
     Hold(fake, "createForumTopic", before=during_create).release.set()
     try:
         await env.start()
-        assert seen["leases"] == [("workspace.provision-leader", f"chat:{CHAT}")]
+        assert seen["holds"] == [("workspace.provision-leader", f"chat:{CHAT}")]
         assert seen["fence"] == "admission-active"
-        assert await env.runtime.admission.leases() == []
-        assert await env.runtime.display.reconcile() == 0
+        assert await env.services.admission.holds() == []
+        assert await env.services.display.reconcile() == 0
     finally:
         await env.stop()
 
 
 async def test_case15_a_retained_fence_blocks_every_workspace_mutation(off: LeaderEnv):
-    from topicbus.settings import DisplayMode
+    from topicbus.core.display import DisplayMode
     from topicbus.storage.admission import AdmissionBlocked
 
     env = off
-    runtime = await env.start()
+    services = await env.start()
     r = await env.register("a", cwd="/a", pid=1)
-    runtime.registry.remove("a")  # pruned: /forget would otherwise refuse before admission
-    fence = await runtime.admission.acquire_fence(operation_id="f", intent_id="i", binding_key="k", slot="Z",
+    services.roster.registry.remove("a")  # pruned: /forget would otherwise refuse before admission
+    fence = await services.admission.acquire_fence(env.authority, operation_id="f", intent_id="i", binding_key="k", slot="Z",
                                                   chat_id=CHAT, thread_id=999, leader_epoch=env.authority.epoch)
-    await runtime.admission.set_phase(fence, "deletion-issued", from_phases=("fenced",))
+    await services.admission.set_phase(env.authority, fence, "deletion-issued", from_phases=("fenced",))
     env.fake.reset_calls()
-    for attempt in (runtime.display.reconcile, lambda: runtime.set_display_mode(DisplayMode.NAMES),
-                    lambda: runtime.forget_slot(r["slot"])):
+    for attempt in (services.display.reconcile, lambda: services.control_desk.set_display_mode(DisplayMode.NAMES),
+                    lambda: services.control_desk.forget_slot(r["slot"])):
         with pytest.raises(AdmissionBlocked, match="blocked by retirement"):
             await attempt()
     assert [c.method for c in env.fake.calls] == []
@@ -250,33 +245,31 @@ async def test_case19_32_rejection_interrupted_before_cancellation_is_finished_b
         if at == "deletion-rejected":
             raise SimulatedCrash(at)
 
-    env.runtime.rotation.checkpoint = crash
+    env.services.rotation.checkpoint = crash
     with pytest.raises(SimulatedCrash):
         await env.register("newcomer", cwd="/new/work", pid=5000)
-    fence = await env.runtime.admission.fence()
+    fence = await env.services.admission.fence()
     assert fence.phase == "deletion-rejected"
     await env.restart()  # the successor's recovery cancels: fence and intent gone, binding kept
-    assert await env.runtime.admission.fence() is None
-    assert await env.runtime.rotation._intents.all() == []
+    assert await env.services.admission.fence() is None
+    assert await RetirementRepository(env.db).all() == []
     assert (await env.binding("/old/00")).thread_id == olds[0]["threadId"]
     assert len(deletes(env)) == 1  # the rejected request only; nothing replayed
 
 
 async def test_case21_authority_is_rechecked_before_the_deletion_permit(off: LeaderEnv):
-    from topicbus.storage.db import Authority
-
     env = off
     await env.start()
     await fill(env)
-    runtime = env.runtime
+    services = env.services
 
     def lose_lease(at: str) -> None:
         if at == "fenced":
-            runtime.authority = Authority("successor", env.authority.epoch + 1)
+            services.term.revoke()
 
-    runtime.rotation.checkpoint = lose_lease
+    services.rotation.checkpoint = lose_lease
     err = await env.register_error("newcomer", cwd="/new/work", pid=5000)
     assert "authority-changed" in err.message or err.code is ErrorCode.NOT_LEADER
     assert deletes(env) == []
-    fence = await runtime.admission.fence()
+    fence = await services.admission.fence()
     assert fence is None or fence.phase == "fenced"  # never issued

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from topicbus.leader.runtime import OFFLINE_NOTICE
+from topicbus.leader.routing import OFFLINE_NOTICE
 from tests.integration.leader_env import CHAT, LeaderEnv
 
 
@@ -12,14 +12,14 @@ def payload(text: str) -> dict:
 
 
 async def test_offline_follower_messages_wait_and_the_owner_is_told_once(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
-    runtime.connection_closed(env.connections["a"])  # the socket dropped; the registration remains
-    runtime.registry.remove("a")
+    services.followers.connection_closed(env.connections["a"])  # the socket dropped; the registration remains
+    services.roster.registry.remove("a")
     for i in range(3):
-        result = await runtime.route_owner_message(100 + i, CHAT, r["threadId"], payload(f"m{i}"))
+        result = await services.router.route_owner_message(100 + i, CHAT, r["threadId"], payload(f"m{i}"))
         assert result.routed
-    runtime.outbox.start()
+    services.outbound.start()
     await env.fake.wait_for(lambda: env.fake.messages_in(CHAT, r["threadId"]), timeout=5)
     notices = [m.text for m in env.fake.messages_in(CHAT, r["threadId"])]
     assert notices == [OFFLINE_NOTICE]
@@ -30,47 +30,47 @@ async def test_offline_follower_messages_wait_and_the_owner_is_told_once(env: Le
     await env.fake.wait_for(lambda: len(conn.deliveries()) == 3, timeout=5)
     assert [d["item"]["text"] for d in conn.deliveries()] == ["m0", "m1", "m2"]
     for d in conn.deliveries():
-        await runtime.receipt(conn, d["deliveryId"])
-    await runtime.hub.flush()
-    assert await runtime.journal.count_pending() == {}
+        await services.followers.receipt(conn, d["deliveryId"])
+    await services.roster.hub.flush()
+    assert await services.router.journal.count_pending() == {}
 
 
 async def test_duplicate_update_ids_are_journaled_once(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
-    first = await runtime.route_owner_message(500, CHAT, r["threadId"], payload("once"))
-    second = await runtime.route_owner_message(500, CHAT, r["threadId"], payload("once"))
+    first = await services.router.route_owner_message(500, CHAT, r["threadId"], payload("once"))
+    second = await services.router.route_owner_message(500, CHAT, r["threadId"], payload("once"))
     assert first.routed and not second.routed and second.reason == "duplicate"
     assert len(env.connections["a"].deliveries()) == 1
 
 
 async def test_unknown_topics_and_the_control_topic_are_not_routed(env: LeaderEnv):
-    runtime = await env.start()
-    assert (await runtime.route_owner_message(1, CHAT, 999, payload("x"))).reason == "unknown-topic"
-    control = runtime.control_thread_id
-    assert (await runtime.route_owner_message(2, CHAT, control, payload("x"))).reason == "unknown-topic"
-    assert await runtime.journal.count_pending() == {}
+    services = await env.start()
+    assert (await services.router.route_owner_message(1, CHAT, 999, payload("x"))).reason == "unknown-topic"
+    control = services.control.thread_id
+    assert (await services.router.route_owner_message(2, CHAT, control, payload("x"))).reason == "unknown-topic"
+    assert await services.router.journal.count_pending() == {}
 
 
 async def test_deleted_topic_is_marked_and_the_follower_gets_a_new_one(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
     env.fake.user_delete_topic(CHAT, r["threadId"])
-    await runtime.topic_gone(CHAT, r["threadId"])  # what the outbox does on "message thread not found"
+    await services.topics.gone(CHAT, r["threadId"])  # what the outbox does on "message thread not found"
     binding = await env.binding("/w")
     assert binding.topic_state == "deleted" and binding.slot == r["slot"]
-    assert runtime.registry.get("a") is None  # its next heartbeat is refused: it registers again
+    assert services.roster.registry.get("a") is None  # its next heartbeat is refused: it registers again
     again = await env.register("a", cwd="/w", pid=10, generation="g2")
     assert again["threadId"] != r["threadId"] and again["slot"] == r["slot"]
 
 
 async def test_topic_service_messages_update_the_store(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
-    await runtime.topic_state_changed(CHAT, r["threadId"], "closed")
+    await services.topics.state_changed(CHAT, r["threadId"], "closed")
     assert (await env.binding("/w")).topic_state == "closed"
-    await runtime.topic_state_changed(CHAT, r["threadId"], "open")
-    await runtime.topic_renamed(CHAT, r["threadId"], "My agent")
+    await services.topics.state_changed(CHAT, r["threadId"], "open")
+    await services.topics.renamed(CHAT, r["threadId"], "My agent")
     binding = await env.binding("/w")
     assert binding.topic_state == "open" and binding.manual_name == "My agent" and binding.title == "My agent"
 
@@ -80,20 +80,20 @@ async def test_journal_refuses_a_leader_that_lost_its_lease(env: LeaderEnv):
 
     from topicbus.storage.db import AuthorityLost
 
-    runtime = await env.start()
+    services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
-    async with env.db.write() as tx:
-        await tx.execute("UPDATE leader_lease SET owner = 'successor', epoch = epoch + 1")
+    async with env.db.lease_transaction() as uow:
+        await uow.execute("UPDATE leader_lease SET owner = 'successor', epoch = epoch + 1")
     with pytest.raises(AuthorityLost):
-        await runtime.route_owner_message(700, CHAT, r["threadId"], payload("too late"))
+        await services.router.route_owner_message(700, CHAT, r["threadId"], payload("too late"))
     assert await env.db.fetch_value("SELECT COUNT(*) FROM inbound_journal") == 0
 
 
 async def test_a_batch_is_journaled_in_order_and_repeated_update_ids_count_once(env: LeaderEnv):
-    runtime = await env.start()
+    services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
-    async with runtime.inbound_batch():
+    async with services.router.inbound_batch():
         for update_id in (801, 802, 802, 803):
-            await runtime.route_owner_message(update_id, CHAT, r["threadId"], payload(f"u{update_id}"))
+            await services.router.route_owner_message(update_id, CHAT, r["threadId"], payload(f"u{update_id}"))
     texts = [d["item"]["text"] for d in env.connections["a"].deliveries()]
     assert texts == ["u801", "u802", "u803"]

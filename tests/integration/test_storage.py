@@ -18,7 +18,7 @@ def test_migrations_ship_in_the_package_and_create_the_domain_tables(tmp_path):
     assert apply_migrations(conn) == len(migrations)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
     assert {"leader_lease", "workspace_bindings", "target_owners", "pending_cleanups", "retirement_intents",
-            "admission_leases", "retirement_fence", "inbound_journal", "outbox", "runtime_settings"} <= tables
+            "admission_holds", "retirement_fence", "inbound_journal", "outbox", "runtime_settings"} <= tables
     assert apply_migrations(conn) == len(migrations)  # idempotent
 
 
@@ -40,14 +40,15 @@ def test_a_database_newer_than_the_code_is_refused(tmp_path):
         apply_migrations(conn)
 
 
-async def test_write_transactions_commit_or_roll_back_whole(tmp_path):
+async def test_units_of_work_commit_or_roll_back_whole(tmp_path):
     db = await Database.open(tmp_path / "x.sqlite3")
     try:
-        async with db.write() as tx:
-            await tx.execute("INSERT INTO runtime_settings VALUES ('a', '1', 0)")
+        authority = await LeaseRepository(db).try_acquire("one", now_ms=1_000, stale_after_ms=8_000)
+        async with db.unit_of_work(authority) as uow:
+            await uow.execute("INSERT INTO runtime_settings VALUES ('a', '1', 0)")
         with pytest.raises(RuntimeError):
-            async with db.write() as tx:
-                await tx.execute("INSERT INTO runtime_settings VALUES ('b', '2', 0)")
+            async with db.unit_of_work(authority) as uow:
+                await uow.execute("INSERT INTO runtime_settings VALUES ('b', '2', 0)")
                 raise RuntimeError("boom")
         keys = [r["key"] for r in await db.fetch_all("SELECT key FROM runtime_settings")]
         assert keys == ["a"]
@@ -67,8 +68,8 @@ async def test_the_authority_fence_refuses_a_leader_that_lost_its_lease(tmp_path
         second = await leases.try_acquire("two", now_ms=10_000, stale_after_ms=8_000)  # stale: taken over
         assert second == Authority("two", 2)
         with pytest.raises(AuthorityLost):
-            async with db.write(first) as tx:
-                await tx.execute("INSERT INTO runtime_settings VALUES ('late', 'x', 0)")
+            async with db.unit_of_work(first) as uow:
+                await uow.execute("INSERT INTO runtime_settings VALUES ('late', 'x', 0)")
         assert await db.fetch_value("SELECT COUNT(*) FROM runtime_settings") == 0
         assert not await leases.refresh(first, 11_000)
         assert await leases.refresh(second, 11_000)
@@ -83,6 +84,7 @@ async def test_an_outside_writer_is_waited_for(tmp_path):
 
     path = tmp_path / "x.sqlite3"
     db = await Database.open(path)
+    authority = await LeaseRepository(db).try_acquire("one", now_ms=1_000, stale_after_ms=8_000)
     outside = sqlite3.connect(path, isolation_level=None, timeout=0)
     try:
         outside.execute("BEGIN IMMEDIATE")
@@ -92,8 +94,8 @@ async def test_an_outside_writer_is_waited_for(tmp_path):
             outside.execute("COMMIT")
 
         releaser = asyncio.create_task(release_soon())
-        async with db.write() as tx:  # blocks on the outside writer, then proceeds
-            await tx.execute("INSERT INTO runtime_settings VALUES ('after', 'lock', 0)")
+        async with db.unit_of_work(authority) as uow:  # blocks on the outside writer, then proceeds
+            await uow.execute("INSERT INTO runtime_settings VALUES ('after', 'lock', 0)")
         await releaser
         assert await db.fetch_value("SELECT value FROM runtime_settings WHERE key = 'after'") == "lock"
     finally:
@@ -110,3 +112,52 @@ async def test_durability_level_is_configurable(tmp_path):
     finally:
         await full.close()
         await normal.close()
+
+
+async def test_there_is_no_write_path_around_the_unit_of_work(tmp_path):
+    db = await Database.open(tmp_path / "x.sqlite3")
+    try:
+        for sql in ("INSERT INTO runtime_settings VALUES ('x', 'y', 0)", "  update runtime_settings SET value = 1",
+                    "DELETE FROM outbox", "PRAGMA user_version = 7", "REPLACE INTO runtime_settings VALUES (1,1,1)"):
+            with pytest.raises(PermissionError):
+                await db.fetch_all(sql)
+        with pytest.raises(TypeError):
+            async with db.unit_of_work(None):  # type: ignore[arg-type]
+                pass
+        with pytest.raises(TypeError):
+            await db.self_fenced_statement("DELETE FROM outbox WHERE {authority_check}", [], None)  # type: ignore[arg-type]
+        assert await db.fetch_value("SELECT COUNT(*) FROM runtime_settings") == 0
+        assert await db.fetch_value("PRAGMA user_version") >= 1
+    finally:
+        await db.close()
+
+
+def test_only_the_lease_and_the_journal_use_the_two_writes_that_carry_no_unit_of_work():
+    """Structural check over the package: only storage/ talks to SQLite (imports sqlite3/aiosqlite,
+    touches the connection); the raw transaction stays inside storage/db.py; the lease transaction is
+    the lease repository's; the self-fenced statement is the journal's hot path. Everything else can
+    only write through ``unit_of_work(authority)``."""
+    import ast
+    from pathlib import Path
+
+    import topicbus
+    import topicbus.storage as storage_pkg
+
+    allowed = {"_transaction": {"storage/db.py"}, "lease_transaction": {"storage/db.py", "storage/lease.py"},
+               "self_fenced_statement": {"storage/db.py", "storage/journal.py"}}
+    found: dict[str, set[str]] = {name: set() for name in allowed}
+    sqlite_users: set[str] = set()
+    roots = {"": Path(topicbus.__file__).parent, "storage/": Path(storage_pkg.__file__).parent}
+    for prefix, root in roots.items():
+        for path in root.rglob("*.py"):
+            rel = prefix + str(path.relative_to(root))
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr in allowed:
+                    found[node.attr].add(rel)
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(n.split(".")[0] in ("sqlite3", "aiosqlite") for n in names):
+                    sqlite_users.add(rel)
+    for name, files in found.items():
+        assert files <= allowed[name], f"{name} used outside {allowed[name]}: {files - allowed[name]}"
+    assert sqlite_users and all(rel.startswith("storage/") for rel in sqlite_users), sqlite_users

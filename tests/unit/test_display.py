@@ -12,7 +12,7 @@ from topicbus.core.display import (
     resolve_display_titles,
     tokenize_segment,
 )
-from topicbus.settings import DisplayMode
+from topicbus.core.display import DisplayMode
 
 LETTERS = DisplayMode.LETTERS
 NAMES = DisplayMode.NAMES

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import pytest
 
 from topicbus.host import (
-    FakeLiveness,
     Liveness,
     ProcessLiveness,
     compute_host_id,
@@ -243,19 +242,3 @@ def test_fake_proc_unreadable_or_malformed_stat_is_unknown(fake_proc):
     assert port.probe(14, "14:start:5", "h" * 32) is Liveness.DEAD  # zombie
 
 
-# --- the fake --------------------------------------------------------------------------------
-
-
-def test_fake_liveness():
-    fake = FakeLiveness({7: Liveness.DEAD})
-    fake.set(8, Liveness.ALIVE)
-    assert fake.probe(7, "7:start:1", "h") is Liveness.DEAD
-    assert fake.probe(8, None, None) is Liveness.ALIVE
-    assert fake.probe(9, None, None) is Liveness.UNKNOWN
-    assert fake.probe_record(SimpleNamespace(pid=7, process_birth_id="b", host_id="h")) is Liveness.DEAD
-    assert fake.calls == [(7, "7:start:1", "h"), (8, None, None), (9, None, None), (7, "b", "h")]
-    failing = FakeLiveness(error=OSError("probe failed"))
-    with pytest.raises(OSError):
-        failing.probe(1, None, None)
-    assert failing.calls == [(1, None, None)]
-    assert Liveness("dead") is Liveness.DEAD and str(Liveness.UNKNOWN) == "unknown"

@@ -76,7 +76,11 @@ class Ports:
     log: list[str] = field(default_factory=list)
     event_error: Exception | None = None
 
+    clock_error: Exception | None = None
+
     def now_ms(self) -> int:
+        if self.clock_error is not None:
+            raise self.clock_error
         return self.clock
 
     def probe(self, follower: FollowerRecord) -> Liveness:
@@ -97,6 +101,7 @@ class Ports:
         return self.policy
 
     async def on_confirmed_dead(self, follower: FollowerRecord) -> None:
+        """What the leader's departure does once it holds the follower's mutation queue."""
         self.deleted.append(follower)
         self.log.append(f"delete:{follower.instance_id}")
         self.delete_entered.set()
@@ -147,19 +152,36 @@ class Harness:
         p = self.ports
         self.pruner = FollowerPruner(
             registry=self.registry,
-            mutations=self.mutations,
             now_ms=p.now_ms,
             stale_after_ms=STALE_AFTER_MS,
             leader_epoch=lambda: p.epoch,
             profile=lambda: p.profile,
             liveness=p.probe,
             cleanup_policy=p.cleanup_policy,
-            on_confirmed_dead=p.on_confirmed_dead,
-            on_confirmed_dead_preserved=p.on_confirmed_dead_preserved if with_preserve_handler else None,
+            on_confirmed_dead=self._confirmed_dead,
+            on_confirmed_dead_preserved=self._confirmed_dead_preserved if with_preserve_handler else None,
             record_event=p.record_event,
             ensure_endpoint=ensure_endpoint,
         )
         self.pruner.begin()
+
+    # The leader's departure ports take the follower's mutation queue (after admission), then
+    # re-check is_detached() before acting; the fakes do the same around the recording ports.
+    async def _confirmed_dead(self, follower: FollowerRecord, is_detached: Callable[[], bool]) -> None:
+        async def act() -> None:
+            if is_detached():
+                await self.ports.on_confirmed_dead(follower)
+
+        await self.mutations.run(follower, act)
+
+    async def _confirmed_dead_preserved(self, follower: FollowerRecord, is_detached: Callable[[], bool],
+                                        operation_id: str) -> bool:
+        async def act() -> bool:
+            if not is_detached():
+                return False
+            return await self.ports.on_confirmed_dead_preserved(follower, is_detached, operation_id)
+
+        return await self.mutations.run(follower, act)
 
     def add(self, instance_id: str, **kwargs: Any) -> FollowerRecord:
         """Register a follower whose heartbeat clock starts now."""
@@ -827,10 +849,7 @@ async def test_escaping_error_is_recorded_as_prune_owner_and_tick_does_not_raise
     h = Harness()
     h.add("inst-a")
 
-    def broken_clock() -> int:
-        raise RuntimeError("clock broke")
-
-    h.pruner._now_ms = broken_clock  # type: ignore[method-assign]
+    h.ports.clock_error = RuntimeError("clock broke")
     await h.pruner.tick()
     [event] = h.ports.events
     assert event.phase == PHASE_PRUNE_OWNER

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from topicbus.settings import ConfigurationError, DisplayMode, load_settings
+from topicbus.settings import ConfigurationError, load_settings
+from topicbus.core.display import DisplayMode
 from topicbus.core.board import render_board, render_text
 
 TOKEN = "123456:settings-test-token-value-000000000"

@@ -1,0 +1,81 @@
+"""What an owner can do from the control topic: the cleanup policy, the display mode, ``/forget``.
+
+Each method answers with the text the control topic shows; the handlers only parse and reply.
+"""
+
+from __future__ import annotations
+
+from topicbus.core.display import DisplayMode
+from topicbus.core.registry import FollowerRecord
+from topicbus.core.target import Target
+from topicbus.leader.departure import CleanupUnconfirmed, Departures
+from topicbus.leader.preferences import Preferences
+from topicbus.leader.roster import Roster
+from topicbus.leader.term import LeaderTerm
+from topicbus.leader.titles import DisplayReconciler
+from topicbus.protocol import CAP_DISPLAY_TITLE
+from topicbus.storage.admission import PROFILE, AdmissionLedger
+from topicbus.storage.bindings import BindingRepository
+from topicbus.core.pruning import FollowerPruner
+
+
+class DisplayModeRefused(Exception):
+    """A connected follower cannot follow a display mode change."""
+
+
+class ControlDesk:
+    def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, admission: AdmissionLedger,
+                 display: DisplayReconciler, departures: Departures, pruner: FollowerPruner):
+        self._term = term
+        self._roster = roster
+        self.preferences = preferences
+        self._admission = admission
+        self._display = display
+        self._departures = departures
+        self._pruner = pruner
+        self._bindings = BindingRepository(term.db)
+
+    async def set_cleanup_policy(self, enabled: bool) -> None:
+        await self.preferences.set_cleanup_policy(enabled)
+
+    async def set_display_mode(self, mode: DisplayMode) -> int:
+        """Persist the mode and apply it, in one admitted operation; returns titles changed."""
+        authority = self._term.authority()
+        lacking = [f.slot or f.instance_id for f in self._roster.followers() if CAP_DISPLAY_TITLE not in f.capabilities]
+        if mode != self.preferences.display_mode and lacking:
+            raise DisplayModeRefused(
+                "Update or restart these followers before changing the display mode: " + ", ".join(lacking) + ".")
+
+        async def op() -> int:
+            await self.preferences.set_display_mode(mode, authority)
+            return await self._display.reconcile()
+
+        return await self._admission.run(self._term.new_id(), "workspace.set-display-mode", [PROFILE], op)
+
+    async def forget_slot(self, slot: str) -> str:
+        """Operator proof that the follower of ``slot`` is gone: the same departure as a proven death."""
+        slot = slot.strip().upper()
+        binding = next((b for b in await self._bindings.all() if b.slot == slot), None)
+        if binding is None:
+            return f"No binding holds slot {slot}."
+        if binding.kind == "leader":
+            return f"Slot {slot} is the control topic; it cannot be forgotten."
+        live = [f for f in self._roster.followers() if f.binding_key == binding.binding_key]
+        if live:
+            return f"Slot {slot} has a live follower ({live[0].instance_id}); stop it first."
+        owner = await self._bindings.owner(binding.binding_key)
+        if owner is None:
+            return f"Slot {slot} has no owner to forget (already detached)."
+        record = FollowerRecord(instance_id=owner.instance_id, registration_generation=owner.registration_generation,
+                                pid=owner.pid, process_birth_id=owner.process_birth_id, host_id=owner.host_id,
+                                profile_key=binding.binding_key, target=Target(binding.chat_id, binding.thread_id),
+                                slot=binding.slot, binding_key=binding.binding_key)
+        self._pruner.forget_instance(owner.instance_id)
+        try:
+            deleted = await self._departures.forget(record)
+        except CleanupUnconfirmed as exc:
+            return str(exc)
+        self._term.events.record("Operator forgot a slot", phase="operator-forget", slot=slot, cleanup=deleted)
+        if deleted:
+            return f"Slot {slot} forgotten: its topic was deleted; the slot keeps its name for that workspace."
+        return f"Slot {slot} forgotten: its topic is kept and detached (inactive, eligible for rotation)."

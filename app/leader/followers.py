@@ -1,0 +1,68 @@
+"""The leader as the bus sees it: one method per follower request kind.
+
+The bus server decodes frames and calls :class:`FollowerDesk`; the desk hands each request to its
+use case (registration, departure, routing) and turns domain refusals into protocol errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from topicbus import __version__
+from topicbus.leader.delivery import FollowerConnection
+from topicbus.leader.departure import CleanupUnconfirmed, Departures
+from topicbus.leader.registration import Registrations
+from topicbus.leader.roster import Roster
+from topicbus.leader.routing import Router
+from topicbus.leader.term import LeaderTerm
+from topicbus.protocol import ErrorCode, FollowerRequest, ProtocolError, Registration, SendRequest
+from topicbus.storage.admission import AdmissionBlocked
+from topicbus.storage.db import AuthorityLost
+
+LEADER_BUILD = f"topicbus/{__version__}"
+
+
+class FollowerDesk:
+    leader_build = LEADER_BUILD
+
+    def __init__(self, *, term: LeaderTerm, roster: Roster, registrations: Registrations, departures: Departures,
+                 router: Router):
+        self._term = term
+        self._roster = roster
+        self._registrations = registrations
+        self._departures = departures
+        self._router = router
+
+    def follower_count(self) -> int:
+        return len(self._roster)
+
+    async def register(self, req: Registration, connection: FollowerConnection) -> dict[str, Any]:
+        return await self._registrations.register(req, connection)
+
+    async def heartbeat(self, req: FollowerRequest) -> dict[str, Any]:
+        return await self._registrations.heartbeat(req)
+
+    async def disconnect(self, req: FollowerRequest) -> dict[str, Any]:
+        entry = self._registrations.registered(req)
+        try:
+            await self._departures.disconnect(entry, lambda: self._registrations.registered(req))
+        except CleanupUnconfirmed as exc:
+            self._term.events.record(exc, phase="follower-disconnect", level="WARNING", instanceId=entry.instance_id)
+            raise ProtocolError(ErrorCode.TELEGRAM_ERROR, str(exc)) from None
+        except AdmissionBlocked as exc:
+            raise ProtocolError(ErrorCode.BLOCKED_BY_RETIREMENT, str(exc)) from None
+        except AuthorityLost:
+            raise ProtocolError(ErrorCode.NOT_LEADER, "This process is not the leader (lease lost).") from None
+        return {}
+
+    async def send(self, req: SendRequest) -> dict[str, Any]:
+        return await self._router.accept_output(self._registrations.registered(req), req)
+
+    async def receipt(self, connection: FollowerConnection, delivery_id: str) -> None:
+        await self._router.receipt(connection, delivery_id)
+
+    def connection_closed(self, connection: FollowerConnection) -> None:
+        self._roster.connection_closed(connection)
+
+    async def fetch_document(self, file_id: str) -> bytes | None:
+        return await self._router.fetch_document(file_id)

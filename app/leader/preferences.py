@@ -1,0 +1,48 @@
+"""Settings an owner changes from Telegram: the cleanup policy and the display mode.
+
+Persisted in ``runtime_settings``; once set they win over ``THREAD_CLEANUP`` / ``DISPLAY_MODE`` from
+the environment. The cleanup policy is read from the store every time it decides something
+destructive: an unreadable policy is *unknown*, never a guess.
+"""
+
+from __future__ import annotations
+
+from topicbus.core.display import DisplayMode
+from topicbus.leader.term import LeaderTerm
+from topicbus.storage.db import Authority
+from topicbus.storage.runtime_settings import CLEANUP_POLICY, DISPLAY_MODE, RuntimeSettingsRepository
+
+
+class Preferences:
+    def __init__(self, term: LeaderTerm, *, default_cleanup: bool, default_display_mode: DisplayMode):
+        self._term = term
+        self._repo = RuntimeSettingsRepository(term.db)
+        self._default_cleanup = default_cleanup
+        self._default_display_mode = default_display_mode
+        self.display_mode: DisplayMode = default_display_mode
+
+    async def load(self) -> None:
+        mode = await self._repo.get(DISPLAY_MODE)
+        try:
+            self.display_mode = DisplayMode(mode) if mode else self._default_display_mode
+        except ValueError:
+            self.display_mode = self._default_display_mode
+
+    async def cleanup_policy(self) -> bool | None:
+        """True: delete; False: preserve; None: unknown (unreadable or invalid)."""
+        try:
+            value = await self._repo.get(CLEANUP_POLICY)
+        except Exception:  # noqa: BLE001 - an unreadable policy is "unknown", never a guess
+            return None
+        if value is None:
+            return self._default_cleanup
+        return {"on": True, "off": False}.get(value)
+
+    async def set_cleanup_policy(self, enabled: bool) -> None:
+        await self._repo.set(CLEANUP_POLICY, "on" if enabled else "off", self._term.now_ms(), self._term.authority())
+        self._term.events.record("Cleanup policy changed", phase="settings", cleanup=enabled)
+
+    async def set_display_mode(self, mode: DisplayMode, authority: Authority) -> None:
+        await self._repo.set(DISPLAY_MODE, str(mode), self._term.now_ms(), authority)
+        self.display_mode = mode
+        self._term.events.record("Display mode changed", phase="settings", mode=str(mode))

@@ -1,0 +1,111 @@
+"""Who is live right now: the follower registry, each follower's socket and its delivery route.
+
+The roster keeps three facts in step so that no use case has to: a follower is *published* (in the
+registry, its connection known, its delivery route attached) or *dropped* (all three gone), never
+half. Followers restored from the previous leader's store are in the registry (so that they can be
+pruned and proven dead) but not yet counted as live until they register again.
+"""
+
+from __future__ import annotations
+
+from topicbus.core.registry import FollowerRecord, FollowerRegistry
+from topicbus.leader.delivery import DeliveryHub, FollowerConnection
+
+
+class Roster:
+    def __init__(self, hub: DeliveryHub):
+        self.registry = FollowerRegistry()
+        self.hub = hub
+        self._connections: dict[str, FollowerConnection] = {}  # instance id -> socket
+        self._restored: set[str] = set()  # instance ids restored from the store, not registered again yet
+
+    # --- queries ----------------------------------------------------------------------------------
+    def get(self, instance_id: str) -> FollowerRecord | None:
+        return self.registry.get(instance_id)
+
+    def followers(self) -> list[FollowerRecord]:
+        return self.registry.list()
+
+    def __len__(self) -> int:
+        return len(self.registry)
+
+    def is_restored(self, instance_id: str) -> bool:
+        return instance_id in self._restored
+
+    def live_binding_keys(self) -> set[str]:
+        """Bindings with a follower that registered with this leader (restored ones do not count)."""
+        return {f.binding_key for f in self.registry.list() if f.binding_key and f.instance_id not in self._restored}
+
+    def is_routed(self, binding_key: str) -> bool:
+        """A registered (not pruned) follower with an open socket owns this binding."""
+        return self.hub.is_online(binding_key) and self.registry.has_binding(binding_key)
+
+    def connection_of(self, record: FollowerRecord) -> FollowerConnection | None:
+        return self._connections.get(record.instance_id)
+
+    def follower_on(self, connection: FollowerConnection) -> FollowerRecord | None:
+        for instance_id, conn in self._connections.items():
+            if conn is connection:
+                return self.registry.get(instance_id)
+        return None
+
+    # --- changes ----------------------------------------------------------------------------------
+    def restore(self, record: FollowerRecord) -> None:
+        """A follower that owned a topic under the previous leader: prunable, not yet live."""
+        self.registry.register(record)
+        self._restored.add(record.instance_id)
+
+    def publish(self, record: FollowerRecord, connection: FollowerConnection) -> list[tuple[FollowerRecord, FollowerConnection]]:
+        """Publish a registration; returns the older live registrations of the same binding (with
+        their sockets), which the caller tells that they were superseded."""
+        superseded = []
+        for old in self.registry.list():
+            if old.instance_id != record.instance_id and old.binding_key == record.binding_key:
+                conn = self._connections.pop(old.instance_id, None)
+                if conn is not None:
+                    self.hub.detach_connection(conn)
+                    superseded.append((old, conn))
+        self._restored.discard(record.instance_id)
+        self.registry.register(record)
+        previous = self._connections.get(record.instance_id)
+        if previous is not None and previous is not connection:
+            self.hub.detach_connection(previous)
+        self._connections[record.instance_id] = connection
+        self.hub.attach(record.binding_key or "", record.instance_id, record.registration_generation, connection)
+        return superseded
+
+    def drop(self, instance_id: str) -> None:
+        """Take a follower out of routing: registry entry, socket and delivery route."""
+        self.registry.remove(instance_id)
+        self.forget_connection(instance_id)
+
+    def forget_connection(self, instance_id: str) -> None:
+        """A follower already pruned from the registry: forget its socket and route."""
+        if self.registry.get(instance_id) is not None:
+            return
+        conn = self._connections.pop(instance_id, None)
+        if conn is not None:
+            self.hub.detach_connection(conn)
+
+    def connection_closed(self, connection: FollowerConnection) -> None:
+        self.hub.detach_connection(connection)
+        for instance_id in [i for i, c in self._connections.items() if c is connection]:
+            del self._connections[instance_id]
+
+    def drop_binding(self, binding_key: str) -> list[FollowerRecord]:
+        """Drop every follower of a binding (its topic is gone); returns them."""
+        dropped = [f for f in self.registry.list() if f.binding_key == binding_key]
+        for entry in dropped:
+            self.drop(entry.instance_id)
+        return dropped
+
+    async def close(self) -> None:
+        await self.hub.close()
+        for conn in list(self._connections.values()):
+            try:
+                await conn.close(1001, "leader stopping")
+            except Exception:  # noqa: BLE001 - the socket may be gone already
+                pass
+        self._connections.clear()
+        self._restored.clear()
+        self.registry.clear()
