@@ -12,7 +12,7 @@ median of many), so the end-to-end figure can be explained:
    ``synchronous=FULL``): ``BindingRepository.by_target``, ``JournalRepository.append``,
    ``JournalRepository.pending`` (the delivery kick), ``JournalRepository.mark_delivered`` (the
    receipt) — and how many aiosqlite thread round trips each one takes;
-4. the routing check ``LeaderRuntime.is_deliverable`` makes per update (a scan of
+4. the routing check ``Roster.is_routed`` makes per update (a scan of
    ``FollowerRegistry.list()``, which copies every record; 25 followers);
 5. the bus frames: encoding ``leader.deliver``, decoding the follower's ``bus.ack`` receipt.
 
@@ -96,24 +96,20 @@ async def _ptb_steps(n: int) -> dict[str, float]:
 
 
 async def _ptb_measure(app: Any, raw: dict[str, Any], body: str, n: int) -> dict[str, float]:
-    import handlers
     from telegram import Update
 
+    from topicbus.handlers import topic_messages
+    from topicbus.leader.topics import ControlTopic
+
     class _Stub:
-        control_thread_id = 999_999  # not the sample topic
-        display_mode = "letters"
         routed = 0
 
         async def route_owner_message(self, *args: Any) -> None:
             self.routed += 1
 
-        def __getattr__(self, name: str) -> Any:  # anything else a handler might touch
-            async def _noop(*a: Any, **k: Any) -> None:
-                return None
-            return _noop
-
     stub = _Stub()
-    handlers.register_all(app, stub, chat_id=CHAT_ID, owner_ids=frozenset({OWNER_ID}))
+    topic_messages.register(app, router=stub, control=ControlTopic(thread_id=999_999),  # type: ignore[arg-type]
+                            chat_id=CHAT_ID, owner_ids=frozenset({OWNER_ID}))
     bot = app.bot
     out: dict[str, float] = {}
     out["json.loads of the getUpdates body (1 update)"] = _time_sync(lambda: json.loads(body), n)
@@ -160,8 +156,8 @@ async def _storage_steps(workdir: Path, n: int) -> tuple[dict[str, float], dict[
         authority = await LeaseRepository(db).try_acquire("bench:breakdown", int(time.time() * 1000), 8000)
         now = int(time.time() * 1000)
         key = "ws-bench-breakdown"
-        async with db.write(authority) as tx:
-            await BindingRepository.insert_tx(tx, Binding(
+        async with db.unit_of_work(authority) as uow:
+            await BindingRepository.insert_tx(uow, Binding(
                 binding_key=key, kind="follower", host_id="bench", cwd="/bench", session="", slot="B",
                 chat_id=CHAT_ID, thread_id=3, topic_state="open", thread_name="bench", manual_name=None,
                 display_title="B", inactive_since_ms=None, offline_notified=False, created_at_ms=now,
@@ -179,11 +175,11 @@ async def _storage_steps(workdir: Path, n: int) -> tuple[dict[str, float], dict[
             seqs.append(item.seq)
 
         async def deliver() -> None:
-            await journal.mark_delivered(seqs.pop(0), key, now)
+            await journal.mark_delivered(seqs.pop(0), key, now, authority)
 
         async def only_one_pending() -> None:
             while len(seqs) > 1:
-                await journal.mark_delivered(seqs.pop(0), key, now)
+                await journal.mark_delivered(seqs.pop(0), key, now, authority)
             if not seqs:
                 await append()
 
@@ -276,15 +272,16 @@ def _sync_sqlite_append(workdir: Path, n: int) -> float:
 
 
 def _registry_steps(n: int) -> dict[str, float]:
-    """``LeaderRuntime.is_deliverable`` scans ``FollowerRegistry.list()`` (a copy of every record) per update."""
-    from topicbus.core.registry import FollowerRecord, FollowerRegistry, Target
+    """``Roster.is_routed`` once scanned ``FollowerRegistry.list()`` (a copy of every record) per update."""
+    from topicbus.core.registry import FollowerRecord, FollowerRegistry
+    from topicbus.core.target import Target
 
     registry = FollowerRegistry()
     for i in range(25):
         registry.register(FollowerRecord(instance_id=f"i{i}", registration_generation="g", pid=1000 + i,
                                          profile_key=f"ws-{i}", binding_key=f"ws-{i}", target=Target(CHAT_ID, 10 + i),
                                          slot=chr(66 + i), connected_at_ms=1, last_heartbeat_ms=1))
-    return {"FollowerRegistry.list() scan, 25 followers (is_deliverable, per update)":
+    return {"FollowerRegistry.list() scan, 25 followers (routing check, per update)":
             _time_sync(lambda: any(f.binding_key == "ws-24" for f in registry.list()), n)}
 
 
@@ -319,7 +316,7 @@ async def run(ctx: Context) -> None:
         "BindingRepository.by_target",
         "JournalRepository.append (journal write txn)",
         "JournalRepository.pending (delivery kick, 1 pending)",
-        "FollowerRegistry.list() scan, 25 followers (is_deliverable, per update)",
+        "FollowerRegistry.list() scan, 25 followers (routing check, per update)",
         "encode leader.deliver frame",
         "decode_frame(bus.ack receipt) (pydantic)",
         "JournalRepository.mark_delivered (receipt txn)",

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 
 from topicbus.host import Liveness, ProcessLiveness, current_host_id, process_birth_id
-from topicbus.core.mutations import FollowerMutationQueue
 from topicbus.core.pruning import FollowerPruner
-from topicbus.core.registry import FollowerRecord, FollowerRegistry, Target
+from topicbus.core.registry import FollowerRecord, FollowerRegistry
+from topicbus.core.target import Target
 from bench.common import CHAT_ID, Context, fmt, say
 
 BUDGET_MS = 1.0
@@ -47,7 +47,7 @@ def _pruner(registry: FollowerRegistry, now: Callable[[], int], liveness: Callab
     async def policy() -> bool:
         return True
 
-    async def dead(record: FollowerRecord) -> None:
+    async def dead(record: FollowerRecord, is_detached: Callable[[], bool]) -> None:
         return None
 
     async def preserved(record: FollowerRecord, is_detached: Callable[[], bool], operation_id: str) -> bool:
@@ -56,7 +56,7 @@ def _pruner(registry: FollowerRegistry, now: Callable[[], int], liveness: Callab
     def record_event(message: object, /, *, phase: str, **fields: object) -> None:
         return None
 
-    pruner = FollowerPruner(registry=registry, mutations=FollowerMutationQueue(), now_ms=now, stale_after_ms=15_000,
+    pruner = FollowerPruner(registry=registry, now_ms=now, stale_after_ms=15_000,
                             leader_epoch=lambda: 1, profile=lambda: "default", liveness=liveness,
                             cleanup_policy=policy, on_confirmed_dead=dead, on_confirmed_dead_preserved=preserved,
                             record_event=record_event)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from topicbus.protocol import ErrorCode, Kind
-from topicbus.core.registry import Target
+from topicbus.core.target import Target
 from topicbus.storage.db import Authority
 from tests.integration.leader_env import CHAT, Hold, LeaderEnv, fenced
 

@@ -29,7 +29,8 @@ from topicbus.core.pruning import (
     FollowerPruner,
     Liveness,
 )
-from topicbus.core.registry import FollowerRecord, FollowerRegistry, Target
+from topicbus.core.registry import FollowerRecord, FollowerRegistry
+from topicbus.core.target import Target
 
 STALE_AFTER_MS = 15_000
 CHAT = -100_777
