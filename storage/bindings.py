@@ -89,6 +89,11 @@ class BindingRepository:
         return None if row is None else _binding(row)
 
     @staticmethod
+    async def delete_tx(uow: UnitOfWork, binding_key: str) -> None:
+        """A retired binding: its slot letter is free again (rotation commit)."""
+        await uow.execute("DELETE FROM workspace_bindings WHERE binding_key = ?", (binding_key,))
+
+    @staticmethod
     async def slots_tx(uow: UnitOfWork) -> dict[str, str]:
         """binding key → slot letter, for every binding that holds a slot."""
         rows = await uow.fetch_all("SELECT binding_key, slot FROM workspace_bindings WHERE slot IS NOT NULL")

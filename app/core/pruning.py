@@ -11,7 +11,8 @@ A heartbeat gap alone never deletes anything. Each prune pass (``FollowerPruner.
   positive integer pid;
 * asks the cleanup policy: a fresh attempt may delete (policy ``True``) or preserve (``False``);
   a deferred attempt only ever preserves; an unknown policy (``None`` or a failing read) runs
-  nothing and keeps the observation for a later pass.
+  nothing and keeps the observation for a later pass. That table is the pure
+  :func:`attempt_step`; :class:`FollowerPruner` is its executor.
 
 All I/O comes in through constructor ports; periodic scheduling is done by the caller (PTB's
 JobQueue calls ``tick()``), so this module creates no timers.
@@ -23,6 +24,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from typing import Any, Protocol
 
@@ -87,6 +89,28 @@ def _is_replacement(pruned: FollowerRecord, candidate: FollowerRecord) -> bool:
         and candidate.target.chat_id == pruned.target.chat_id
         and candidate.target.thread_id == pruned.target.thread_id
     )
+
+
+class AttemptStep(StrEnum):
+    """What one fresh or deferred attempt for a pruned follower does (reference §4.5)."""
+
+    WAIT = "wait"  # not proven dead: an observation, if any, waits for a later pass
+    DELETE = "delete"  # fresh proof and cleanup on: delete the topic
+    PRESERVE = "preserve"  # proof and cleanup off, observed: detach and keep the topic
+    FORGET = "forget"  # deferred proof with cleanup on: never delete late; forget the observation
+    RETAIN = "retain"  # unknown policy (or off without an observation): nothing runs, the observation waits
+
+
+def attempt_step(*, fresh: bool, dead: bool, policy: bool | None, observed: bool,
+                 can_preserve: bool) -> AttemptStep:
+    """The decision table of one attempt; pure. ``policy`` matters only when ``dead``."""
+    if not dead:
+        return AttemptStep.WAIT
+    if policy is True:
+        return AttemptStep.DELETE if fresh else AttemptStep.FORGET
+    if policy is False and observed and can_preserve:
+        return AttemptStep.PRESERVE
+    return AttemptStep.RETAIN
 
 
 class _Observation:
@@ -392,22 +416,20 @@ class FollowerPruner:
                 cleanup_enabled=cleanup,
             )
 
-        if cleanup is True and not fresh:
+        step = attempt_step(fresh=fresh, dead=True, policy=cleanup, observed=observation is not None,
+                            can_preserve=self._on_confirmed_dead_preserved is not None)
+        if step is AttemptStep.FORGET:
             # A deferred observation authorizes only the non-destructive step, never deletion.
             self._forget(observation)
             preserved_event()
             return True
-
-        if cleanup is True:
-            delete = True
-        elif cleanup is False and observation is not None and self._on_confirmed_dead_preserved:
-            delete = False
-        else:
+        if step is AttemptStep.RETAIN:
             # Unknown policy keeps the observation pending; cleanup off without an observation
             # has nothing to run.
             if fresh:
                 preserved_event()
             return True
+        delete = step is AttemptStep.DELETE
 
         settled = False
 

@@ -7,33 +7,33 @@ delivery route, and a durable inactivity proof — and retries the registration 
 The retirement is a durable, fenced lifecycle that survives a crash at any step:
 
 1. **intent** — the exact victim binding is written down (``retirement_intents``);
-2. **fence** — the admission ledger's single fence excludes every other workspace operation;
+2. **fence** — the admission ledger's single retirement fence excludes every other workspace operation;
 3. **permit** — phase ``deletion-issued`` is recorded *before* the one ``deleteForumTopic``;
 4. **outcome** — deleted or already absent → ``commit-ready``; a proven Telegram rejection →
    ``deletion-rejected`` → cancelled, binding kept; ambiguous (timeout, 5xx) → stays fenced;
 5. **commit** — binding, intent and fence removed in one transaction.
 
-Beyond the reference: a fence left in ``deletion-issued`` (a crash, or an ambiguous answer) is
-resolved on the next attempt by a *non-destructive* probe of that exact thread (a chat action):
-absent → commit, present → cancel, still unknown → stay fenced. So rotation never wedges for good
-and never deletes twice.
+Every decision is the pure :func:`topicbus.core.retirement.next_step`; this module is its thin
+executor: observe the store, ask for one action, perform it, observe again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.core.retirement import (AcquireFence, AdoptFence, Cancel, Commit, DeleteTopic, DropIntent, FenceView,
+                                      Finish, IntentView, IssueDeletion, MarkCommitReady, MarkRejected, PrepareIntent,
+                                      ProbeTopic, RemoveFence, RestampIntent, RetirementState, RotationResult,
+                                      next_step)
+from topicbus.core.slots import (Evidence, ExternalEvidence, LocalOccupancy, OccupancyBinding, Protection,
+                                 capture_occupancy)
 from topicbus.core.target import Target
 from topicbus.leader.provisioning import SlotUnavailable
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
-from topicbus.core.slots import (BlockedSlot, Evidence, ExternalEvidence, FreeSlot, LocalOccupancy, OccupancyBinding,
-                       Protection, capture_occupancy)
-from topicbus.bot.gateway import Outcome, TelegramGateway
 from topicbus.storage.admission import AdmissionLedger, Fence
 from topicbus.storage.bindings import Binding, BindingRepository
 from topicbus.storage.cleanups import CleanupRepository
@@ -43,14 +43,7 @@ from topicbus.storage.outbox import OutboxRepository
 from topicbus.storage.retirement import RetirementIntent, RetirementRepository
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RotationResult:
-    kind: str  # 'retired' | 'not-needed' | 'cancelled' | 'retained' | 'blocked'
-    reason: str = ""
-    slot: str | None = None
-    binding_key: str | None = None
+MAX_STEPS = 32  # one retirement takes about ten; more means a bug, and the rotation retains (fails closed)
 
 
 class RotationBlocked(Exception):
@@ -97,12 +90,10 @@ class SlotRotation:
                 return await operation()
             except SlotUnavailable:
                 pass
-            self._raise_unless_ok(await self.rotate())
+            result = await self.rotate()
+            if result.kind not in ("retired", "not-needed", "cancelled"):
+                raise RotationBlocked(f"Workspace slots A-Z are unavailable; rotation blocked ({result.reason}).")
             return await operation()
-
-    def _raise_unless_ok(self, result: RotationResult) -> None:
-        if result.kind not in ("retired", "not-needed", "cancelled"):
-            raise RotationBlocked(f"Workspace slots A-Z are unavailable; rotation blocked ({result.reason}).")
 
     async def _unfinished(self) -> bool:
         return bool(await self._intents.all()) or await self._admission.fence() is not None
@@ -114,133 +105,133 @@ class SlotRotation:
             authority = self._term.current()
             if authority is None:
                 return RotationResult("retained", "authority-changed")
-            result = await self._rotate(authority, prepare=not recovery)
+            result = await self._run(authority, prepare=not recovery)
             if result.kind == "cancelled" and result.reason == "probe-present" and not recovery:
                 # The earlier deletion never happened: start a fresh retirement in the same call.
-                result = await self._rotate(authority, prepare=True)
+                result = await self._run(authority, prepare=True)
             self._events.record("Slot rotation", phase="workspace-rotation", result=result.kind,
                                 reason=result.reason, slot=result.slot)
             if result.kind == "retired":
                 self.retired += 1
             return result
 
-    async def _rotate(self, authority: Authority, *, prepare: bool) -> RotationResult:
-        intents = await self._intents.all()
-        fence = await self._admission.fence()
-        if fence is not None and fence.owner != self._admission.owner:
-            fence = await self._admission.adopt(authority, fence)
-            if fence is None:
-                return RotationResult("retained", "fence-conflict")
-        if fence is not None and fence.phase == "deletion-rejected":
-            return await self._cancel(fence, authority)
-        if not intents and fence is not None:
-            if fence.phase == "commit-ready" and await self._bindings.get(fence.binding_key) is None:
-                await self._admission.remove_fence(authority, fence, phases=("commit-ready",))
-                return RotationResult("retired", slot=fence.slot, binding_key=fence.binding_key)
-            if fence.phase == "fenced":
-                await self._admission.remove_fence(authority, fence, phases=("fenced",))
-                return RotationResult("cancelled", "stale-fence")
-        if len(intents) > 1:
-            return RotationResult("blocked", "existing-intent-conflict")
-        intent = intents[0] if intents else None
-        if intent is None and not prepare:
-            return RotationResult("not-needed", "nothing-to-recover")
-        if intent is None:
-            prepared = await self._prepare(authority)
-            if isinstance(prepared, RotationResult):
-                return prepared
-            intent = prepared
-        return await self._execute(intent, fence, authority)
+    async def _run(self, authority: Authority, *, prepare: bool) -> RotationResult:
+        """The executor: observe, decide (pure), act — until the step function finishes."""
+        issued = False
+        outcome: Any = None
+        for _ in range(MAX_STEPS):
+            intents = await self._intents.all()
+            fence = await self._admission.fence()
+            state = await self._observe(authority, prepare, intents, fence, issued, outcome)
+            action = next_step(state)
+            intent = intents[0] if intents else None
+            if isinstance(action, Finish):
+                return action.result
+            if isinstance(action, AdoptFence):
+                assert fence is not None
+                if await self._admission.adopt(authority, fence) is None:
+                    return RotationResult("retained", "fence-conflict")
+            elif isinstance(action, Cancel):
+                assert fence is not None
+                return await self._cancel(fence, authority, action.cancelled)
+            elif isinstance(action, RemoveFence):
+                assert fence is not None
+                await self._admission.remove_fence(authority, fence, phases=(action.phase,))
+                return _about(action.then, fence.slot, fence.binding_key) if action.then.kind == "retired" \
+                    else action.then
+            elif isinstance(action, PrepareIntent):
+                if not await self._prepare(authority, action.victim_key):
+                    return RotationResult("blocked", "state-changed")
+                await self._checkpoint("intent-written")
+            elif isinstance(action, RestampIntent):
+                assert intent is not None
+                async with self._term.unit_of_work(authority) as uow:
+                    await RetirementRepository.set_epoch_tx(uow, intent.id, authority.epoch)
+            elif isinstance(action, Commit):
+                assert intent is not None
+                await self._commit(intent, fence, authority)
+                return RotationResult("retired", slot=intent.slot, binding_key=intent.binding_key)
+            elif isinstance(action, DropIntent):
+                assert intent is not None
+                if action.remove_fence and fence is not None:
+                    await self._admission.remove_fence(authority, fence, phases=("fenced",))
+                async with self._term.unit_of_work(authority) as uow:
+                    await RetirementRepository.remove_tx(uow, intent.id)
+                return RotationResult("retained", "protection-changed")
+            elif isinstance(action, AcquireFence):
+                assert intent is not None
+                acquired = await self._admission.acquire_fence(
+                    authority, operation_id=self._term.new_id(), intent_id=intent.id, binding_key=intent.binding_key,
+                    slot=intent.slot, chat_id=intent.chat_id, thread_id=intent.thread_id or 0,
+                    leader_epoch=authority.epoch)
+                if isinstance(acquired, str):
+                    return RotationResult("retained", acquired)
+                await self._checkpoint("fenced")
+            elif isinstance(action, IssueDeletion):
+                assert fence is not None
+                if await self._admission.set_phase(authority, fence, "deletion-issued", from_phases=("fenced",)) is None:
+                    return RotationResult("retained", "fence-conflict")
+                issued = True
+                await self._checkpoint("permit-issued")
+            elif isinstance(action, DeleteTopic):
+                assert intent is not None
+                outcome = await self._delete_once(intent)
+                await self._checkpoint("delete-answered")
+            elif isinstance(action, ProbeTopic):
+                assert intent is not None
+                outcome = await self._probe(intent)
+            elif isinstance(action, MarkRejected):
+                assert fence is not None
+                if await self._admission.set_phase(authority, fence, "deletion-rejected",
+                                                   from_phases=("deletion-issued",)) is None:
+                    return RotationResult("retained", "fence-conflict")
+                if action.checkpoint:
+                    await self._checkpoint("deletion-rejected")
+            elif isinstance(action, MarkCommitReady):
+                assert fence is not None and intent is not None
+                if await self._admission.set_phase(authority, fence, "commit-ready",
+                                                   from_phases=("deletion-issued",)) is None:
+                    return RotationResult("retained", "fence-conflict")
+                await self._checkpoint("commit-ready")
+                self._events.record("Workspace slot rotated", phase="workspace-rotation", slot=intent.slot,
+                                    threadId=intent.thread_id)
+        return RotationResult("retained", "no-progress")
 
-    async def _prepare(self, authority: Authority) -> RetirementIntent | RotationResult:
-        snapshot, bindings = await self._snapshot(exclude_intent=None)
-        plan = snapshot.plan(self._term.now_ms())
-        if isinstance(plan, FreeSlot):
-            return RotationResult("not-needed", "free-capacity")
-        if isinstance(plan, BlockedSlot):
-            return RotationResult("blocked", plan.reason)
-        victim = bindings[plan.candidate.binding_key]
+    async def _observe(self, authority: Authority, prepare: bool, intents: list[RetirementIntent],
+                       fence: Fence | None, issued: bool, outcome: Any) -> RetirementState:
+        fence_view = None
+        if fence is not None:
+            fence_view = FenceView(intent_id=fence.retirement_intent_id, owner=fence.owner, phase=fence.phase,
+                                   binding_exists=await self._bindings.get(fence.binding_key) is not None)
+        views = []
+        for intent in intents:
+            current = await self._bindings.get(intent.binding_key)
+            unchanged = current == intent.binding
+            needs_eligibility = len(intents) == 1 and unchanged and (fence is None or fence.phase == "fenced")
+            views.append(IntentView(id=intent.id, epoch=intent.leader_epoch, binding_exists=current is not None,
+                                    binding_unchanged=unchanged,
+                                    eligible=needs_eligibility and await self._eligible(intent)))
+        plan = None
+        if not intents and prepare:
+            snapshot, _ = await self._snapshot(exclude_intent=None)
+            plan = snapshot.plan(self._term.now_ms())
+        return RetirementState(owner=self._admission.owner, epoch=authority.epoch, prepare=prepare,
+                               term_current=self._term.is_current(authority), intents=tuple(views), fence=fence_view,
+                               plan=plan, issued=issued, outcome=outcome)
+
+    async def _prepare(self, authority: Authority, victim_key: str) -> bool:
+        victim = await self._bindings.get(victim_key)
+        if victim is None:
+            return False
         intent = RetirementIntent(id=RetirementIntent.make_id(victim), binding_key=victim.binding_key,
                                   binding=victim, slot=victim.slot or "", chat_id=victim.chat_id,
                                   thread_id=victim.thread_id if victim.has_live_topic else None,
                                   leader_epoch=authority.epoch, requested_at_ms=self._term.now_ms())
         async with self._term.unit_of_work(authority) as uow:
-            current = await BindingRepository.get_tx(uow, victim.binding_key)
-            if current != victim:
-                return RotationResult("blocked", "state-changed")
+            if await BindingRepository.get_tx(uow, victim.binding_key) != victim:
+                return False
             await RetirementRepository.insert_tx(uow, intent)
-        await self._checkpoint("intent-written")
-        return intent
-
-    async def _execute(self, intent: RetirementIntent, fence: Fence | None,
-                       authority: Authority) -> RotationResult:
-        if fence is not None and fence.retirement_intent_id != intent.id:
-            return RotationResult("retained", "fence-conflict")
-        if intent.leader_epoch != authority.epoch:
-            async with self._term.unit_of_work(authority) as uow:
-                await RetirementRepository.set_epoch_tx(uow, intent.id, authority.epoch)
-        current = await self._bindings.get(intent.binding_key)
-        if current is None:
-            # The binding is already gone: a committed removal whose fence/intent cleanup was cut short.
-            await self._finish_commit(intent, fence, authority)
-            return RotationResult("retired", slot=intent.slot, binding_key=intent.binding_key)
-        if fence is None or fence.phase == "fenced":
-            if current != intent.binding or not await self._eligible(intent):
-                if fence is not None:
-                    await self._admission.remove_fence(authority, fence, phases=("fenced",))
-                await self._drop_intent(intent, authority)
-                return RotationResult("retained", "protection-changed")
-            if fence is None:
-                acquired = await self._admission.acquire_fence(
-                    authority,
-                    operation_id=str(uuid.uuid4()), intent_id=intent.id, binding_key=intent.binding_key,
-                    slot=intent.slot, chat_id=intent.chat_id, thread_id=intent.thread_id or 0,
-                    leader_epoch=authority.epoch)
-                if isinstance(acquired, str):
-                    return RotationResult("retained", acquired)
-                fence = acquired
-                await self._checkpoint("fenced")
-                if not await self._eligible(intent):  # protection may have changed while fencing
-                    await self._admission.remove_fence(authority, fence, phases=("fenced",))
-                    await self._drop_intent(intent, authority)
-                    return RotationResult("retained", "protection-changed")
-            if not self._term.is_current(authority):
-                return RotationResult("retained", "authority-changed")
-            issued = await self._admission.set_phase(authority, fence, "deletion-issued", from_phases=("fenced",))
-            if issued is None:
-                return RotationResult("retained", "fence-conflict")
-            fence = issued
-            await self._checkpoint("permit-issued")
-            outcome = await self._delete_once(intent)
-            await self._checkpoint("delete-answered")
-        elif fence.phase == "deletion-issued":
-            outcome = await self._probe(intent)
-            if outcome == "present":
-                rejected = await self._admission.set_phase(authority, fence, "deletion-rejected",
-                                                           from_phases=("deletion-issued",))
-                if rejected is None:
-                    return RotationResult("retained", "fence-conflict")
-                cancelled = await self._cancel(rejected, authority)
-                return RotationResult("cancelled", "probe-present") if cancelled.kind == "cancelled" else cancelled
-        else:
-            outcome = "absent" if fence.phase == "commit-ready" else "unknown"
-        if outcome == "absent":
-            ready = await self._admission.set_phase(authority, fence, "commit-ready", from_phases=("deletion-issued",))
-            if ready is None:
-                return RotationResult("retained", "fence-conflict")
-            await self._checkpoint("commit-ready")
-            await self._finish_commit(intent, ready, authority)
-            self._events.record("Workspace slot rotated", phase="workspace-rotation", slot=intent.slot,
-                                threadId=intent.thread_id)
-            return RotationResult("retired", slot=intent.slot, binding_key=intent.binding_key)
-        if outcome == "rejected":
-            rejected = await self._admission.set_phase(authority, fence, "deletion-rejected", from_phases=("deletion-issued",))
-            if rejected is None:
-                return RotationResult("retained", "fence-conflict")
-            await self._checkpoint("deletion-rejected")
-            cancelled = await self._cancel(rejected, authority)
-            return cancelled if cancelled.kind != "cancelled" else RotationResult("retained", "delete-rejected")
-        return RotationResult("retained", "delete-unconfirmed")
+        return True
 
     async def _delete_once(self, intent: RetirementIntent) -> str:
         if intent.thread_id is None:
@@ -262,27 +253,23 @@ class SlotRotation:
                             threadId=intent.thread_id, answer=answer)
         return answer
 
-    async def _finish_commit(self, intent: RetirementIntent, fence: Fence | None, authority: Authority) -> None:
+    async def _commit(self, intent: RetirementIntent, fence: Fence | None, authority: Authority) -> None:
         async with self._term.unit_of_work(authority) as uow:
-            await uow.execute("DELETE FROM workspace_bindings WHERE binding_key = ?", (intent.binding_key,))
+            await BindingRepository.delete_tx(uow, intent.binding_key)
             await RetirementRepository.remove_tx(uow, intent.id)
             if fence is not None:
                 await self._admission.remove_fence_tx(uow, fence, phases=("commit-ready", "deletion-issued"))
 
-    async def _cancel(self, fence: Fence, authority: Authority) -> RotationResult:
+    async def _cancel(self, fence: Fence, authority: Authority, cancelled: RotationResult) -> RotationResult:
         """A proven rejection: withdraw the intent and release the fence; the binding is kept."""
         async with self._term.unit_of_work(authority) as uow:
-            await uow.execute("DELETE FROM retirement_intents WHERE id = ?", (fence.retirement_intent_id,))
+            await RetirementRepository.remove_tx(uow, fence.retirement_intent_id)
             removed = await self._admission.remove_fence_tx(uow, fence, phases=("deletion-rejected",))
         if not removed:
             return RotationResult("retained", "fence-release-unconfirmed")
         self._events.record("Slot retirement cancelled after Telegram refused the deletion",
                             phase="workspace-rotation", slot=fence.slot, threadId=fence.thread_id)
-        return RotationResult("cancelled", "delete-rejected", slot=fence.slot, binding_key=fence.binding_key)
-
-    async def _drop_intent(self, intent: RetirementIntent, authority: Authority) -> None:
-        async with self._term.unit_of_work(authority) as uow:
-            await RetirementRepository.remove_tx(uow, intent.id)
+        return _about(cancelled, fence.slot, fence.binding_key) if cancelled.kind == "cancelled" else cancelled
 
     # --- occupancy ---------------------------------------------------------------------------------
     async def _eligible(self, intent: RetirementIntent) -> bool:
@@ -343,3 +330,7 @@ class SlotRotation:
 
 def _target(b: Binding) -> Target:
     return Target(b.chat_id, b.thread_id or 0)
+
+
+def _about(result: RotationResult, slot: str, binding_key: str) -> RotationResult:
+    return RotationResult(result.kind, result.reason, slot=slot, binding_key=binding_key)

@@ -878,3 +878,23 @@ async def test_pending_observations_view_is_read_only_copies() -> None:
     assert again.instance_id == "inst-a"
     with pytest.raises(AttributeError):
         view.instance_id = "x"  # type: ignore[misc]
+
+
+# --- the decision table, without a loop ------------------------------------------------------------
+@pytest.mark.parametrize("fresh", [True, False])
+@pytest.mark.parametrize("policy", [True, False, None])
+@pytest.mark.parametrize("observed", [True, False])
+@pytest.mark.parametrize("can_preserve", [True, False])
+def test_attempt_step_table(fresh, policy, observed, can_preserve) -> None:
+    from topicbus.core.pruning import AttemptStep, attempt_step
+
+    assert attempt_step(fresh=fresh, dead=False, policy=policy, observed=observed,
+                        can_preserve=can_preserve) is AttemptStep.WAIT  # no proof: never acts
+    step = attempt_step(fresh=fresh, dead=True, policy=policy, observed=observed, can_preserve=can_preserve)
+    if policy is True:
+        expected = AttemptStep.DELETE if fresh else AttemptStep.FORGET  # a late proof never deletes
+    elif policy is False and observed and can_preserve:
+        expected = AttemptStep.PRESERVE
+    else:
+        expected = AttemptStep.RETAIN  # unknown policy (or nothing to preserve with): nothing runs
+    assert step is expected
