@@ -32,10 +32,6 @@ _PLANNER_LETTERS = frozenset(SLOT_LETTERS)
 # --------------------------------------------------------------------------------------------
 
 
-def is_durable_slot(value: object) -> bool:
-    """True when ``value`` is exactly one uppercase letter ``A``–``Z`` (the stored form)."""
-    return isinstance(value, str) and value in _DURABLE_LETTERS
-
 
 def is_planner_slot(value: object) -> bool:
     """True when ``value`` is exactly one lowercase letter ``a``–``z`` (the planner form)."""
@@ -51,13 +47,6 @@ def to_durable_slot(letter: str) -> str:
         raise ValueError(f"not a workspace slot letter: {letter!r}")
     return letter.upper()
 
-
-def to_planner_slot(durable: str) -> str:
-    """Return the planner (lowercase) form of a single slot letter given in either case.
-
-    Raises ``ValueError`` for anything that is not one ASCII letter.
-    """
-    return to_durable_slot(durable).lower()
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,15 +173,6 @@ def plan_slot_allocation(
     return ReclaimSlot(victim)
 
 
-class SlotPlanner:
-    """Object form of :func:`plan_slot_allocation`, for code that injects a planner."""
-
-    def plan(
-        self, bindings: Sequence[SlotCandidate], reserved_slots: Iterable[str], now_ms: float
-    ) -> SlotPlan:
-        """See :func:`plan_slot_allocation`."""
-        return plan_slot_allocation(bindings, reserved_slots, now_ms)
-
 
 # --------------------------------------------------------------------------------------------
 # protection and occupancy
@@ -266,6 +246,10 @@ def _lower_all(slots: Iterable[str]) -> frozenset[str]:
 class LocalOccupancy:
     """Everything in the leader's own state that makes a binding locally protected.
 
+    (The reference's in-memory claims, reservations and pending provisions have no counterpart here:
+    topicbus serialises provisioning behind one gate and reserves a slot durably in the same
+    transaction that creates the binding row, so a binding being provisioned is a current owner.)
+
     Slots may be given in either case. ``retirement_*`` must describe the retirement intents
     *other than* the one the caller is currently executing (the reference's ``expectedRetirement``):
     the caller leaves its own intent out so its victim can still be eligible.
@@ -273,16 +257,9 @@ class LocalOccupancy:
 
     current_targets: frozenset[Target] = frozenset()
     current_slots: frozenset[str] = frozenset()
-    claimed_binding_keys: frozenset[str] = frozenset()
-    claimed_slots: frozenset[str] = frozenset()
-    reservation_targets: frozenset[Target] = frozenset()
-    reservation_slots: frozenset[str] = frozenset()
-    pending_provision_targets: frozenset[Target] = frozenset()
-    pending_provision_slots: frozenset[str] = frozenset()
     pending_cleanup_targets: frozenset[Target] = frozenset()
     pending_cleanup_slots: frozenset[str] = frozenset()
     retirement_binding_keys: frozenset[str] = frozenset()
-    retirement_targets: frozenset[Target] = frozenset()
     retirement_slots: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -294,48 +271,25 @@ class LocalOccupancy:
                 object.__setattr__(self, name, frozenset(value))
 
     def protects(self, binding: OccupancyBinding) -> bool:
-        """True when any local fact (record, claim, reservation, provision, cleanup, retirement)
-        names this binding's target, key or slot."""
+        """True when any local fact (a current owner, a pending cleanup, another retirement) names
+        this binding's target, key or slot."""
         slot = (binding.slot or "").lower()
-        target = binding.target
-        if target in self.current_targets or target in self.reservation_targets:
-            return True
-        if target in self.pending_provision_targets or target in self.pending_cleanup_targets:
-            return True
-        if target in self.retirement_targets:
-            return True
-        if binding.binding_key in self.claimed_binding_keys:
+        if binding.target in self.current_targets or binding.target in self.pending_cleanup_targets:
             return True
         if binding.binding_key in self.retirement_binding_keys:
             return True
-        if not slot:
-            return False
-        return any(
-            slot in slots
-            for slots in (
-                self.current_slots,
-                self.claimed_slots,
-                self.reservation_slots,
-                self.pending_provision_slots,
-                self.pending_cleanup_slots,
-                self.retirement_slots,
-            )
-        )
+        return bool(slot) and any(slot in slots for slots in (self.current_slots, self.pending_cleanup_slots,
+                                                               self.retirement_slots))
 
     def reserved_slots(self) -> frozenset[str]:
-        """Lowercase letters no allocation may take: claims, current records, reservations and
-        pending provisions. Pending cleanups and retirements protect but do not reserve."""
-        return (
-            self.claimed_slots
-            | self.current_slots
-            | self.reservation_slots
-            | self.pending_provision_slots
-        )
+        """Lowercase letters no allocation may take: those of current owners. Pending cleanups and
+        retirements protect but do not reserve."""
+        return self.current_slots
 
 
 INVALID_RESERVED_SLOT = "invalid"
-"""Marker added to ``reserved_slots`` when the external reserved-slot source could not be read;
-it is not a letter, so the planner answers ``invalid-state`` (fail closed)."""
+"""Marker added to ``reserved_slots`` for an external reserved slot that is not a letter; the
+planner then answers ``invalid-state`` (fail closed)."""
 
 
 @dataclass(frozen=True)
@@ -355,14 +309,14 @@ def capture_occupancy(
     local: LocalOccupancy,
     external: Callable[[OccupancyBinding], ExternalEvidence],
     now_ms: float,
-    external_reserved_slots: Sequence[str] | None,
+    external_reserved_slots: Sequence[str],
 ) -> OccupancySnapshot:
     """Build the planner input from stored bindings (reference §2.6).
 
     Each binding becomes a :class:`SlotCandidate` (lowercase slot, ``""`` when it has none) whose
     protection comes from :meth:`LocalOccupancy.protects` and ``external(binding)``; an ``external``
     callable that raises counts as all-unknown evidence for that binding.
-    ``external_reserved_slots`` are the fence slots; ``None`` means reading them failed, which adds
+    ``external_reserved_slots`` are the fence slots; a value that is not a letter adds
     :data:`INVALID_RESERVED_SLOT` so planning fails closed.
     """
     candidates: list[SlotCandidate] = []
@@ -388,11 +342,5 @@ def capture_occupancy(
             )
         )
     reserved = set(local.reserved_slots())
-    if external_reserved_slots is None:
-        reserved.add(INVALID_RESERVED_SLOT)
-    else:
-        reserved |= {
-            slot.lower() if isinstance(slot, str) else INVALID_RESERVED_SLOT
-            for slot in external_reserved_slots
-        }
+    reserved |= {slot.lower() if isinstance(slot, str) else INVALID_RESERVED_SLOT for slot in external_reserved_slots}
     return OccupancySnapshot(candidates=tuple(candidates), reserved_slots=frozenset(reserved))
