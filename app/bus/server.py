@@ -17,6 +17,8 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 from loguru import logger
 
+from topicbus.bus.metrics import Snapshot
+from topicbus.bus.metrics import render as render_metrics
 from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, ErrorCode, Kind, ProtocolError, ack, decode_frame, encode,
                           error_ack, leader_identity, request_id_of)
 
@@ -128,7 +130,8 @@ class BusServer:
         return web.json_response(body, status=200 if healthy else 503)
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
-        return web.Response(text=self._metrics(), content_type="text/plain")
+        body, content_type = render_metrics(self._metrics, request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _status_handler(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -229,15 +232,17 @@ class BusServer:
             pass
 
 
-def prometheus(lines: dict[str, float | int], help_text: dict[str, str]) -> str:
-    out = []
-    for name, value in lines.items():
-        base = name.split("{", 1)[0]
-        if base in help_text:
-            out.append(f"# HELP {base} {help_text[base]}")
-            out.append(f"# TYPE {base} {'counter' if base.endswith('_total') else 'gauge'}")
-        out.append(f"{name} {value}")
-    return "\n".join(out) + "\n"
+def prometheus(values: dict[str, float | int], help_text: object = None) -> Snapshot:
+    """Transitional, until the leader hands the server a snapshot callable itself: today's flat
+    values (``name{quantile="q"}`` keys) as a :mod:`topicbus.bus.metrics` snapshot."""
+    snapshot: dict[str, Any] = {}
+    for key, value in values.items():
+        name, _, label = key.partition('{quantile="')
+        if label:
+            snapshot.setdefault(name, {})[label.removesuffix('"}')] = value
+        else:
+            snapshot[name] = value
+    return snapshot
 
 
 def dumps(data: Any) -> str:
