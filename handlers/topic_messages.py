@@ -41,7 +41,7 @@ def register(app: Application, runtime: Any, *, chat_id: int, owner_ids: frozens
             return
         await runtime.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload)
 
-    not_control = InThread(lambda: runtime.control_thread_id, negate=True)
+    not_control = ~InThread(lambda: runtime.control_thread_id)
     app.add_handler(MessageHandler(
         owner_messages(chat_id, owner_ids) & filters.IS_TOPIC_MESSAGE & not_control & ~filters.StatusUpdate.ALL
         & filters.UpdateType.MESSAGE, route), group=1)
