@@ -9,16 +9,16 @@ from telegram.ext import filters
 
 
 class InThread(filters.MessageFilter):
-    """Messages in one forum topic whose id is read at filter time (it may change on re-provisioning)."""
+    """Messages in one forum topic whose id is read at filter time (it may change on re-provisioning).
 
-    def __init__(self, thread_id: Callable[[], int | None], *, negate: bool = False):
+    Compose it with PTB's operators: ``~InThread(...)`` is every message outside that topic."""
+
+    def __init__(self, thread_id: Callable[[], int | None]):
         super().__init__(name="InThread")
         self._thread_id = thread_id
-        self._negate = negate
 
     def filter(self, message: Message) -> bool:
-        inside = bool(message.is_topic_message) and message.message_thread_id == self._thread_id()
-        return inside != self._negate
+        return bool(message.is_topic_message) and message.message_thread_id == self._thread_id()
 
 
 def owner_messages(chat_id: int, owner_ids: frozenset[int]) -> filters.BaseFilter:

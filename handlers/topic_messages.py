@@ -44,7 +44,7 @@ def register(app: Application, *, router: Router, control: ControlTopic, chat_id
             return
         await router.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload)
 
-    not_control = InThread(lambda: control.thread_id, negate=True)
+    not_control = ~InThread(lambda: control.thread_id)
     app.add_handler(MessageHandler(
         owner_messages(chat_id, owner_ids) & filters.IS_TOPIC_MESSAGE & not_control & ~filters.StatusUpdate.ALL
         & filters.UpdateType.MESSAGE, route), group=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 
 from telegram import Bot
@@ -40,11 +41,17 @@ class CallResult:
         return self.outcome in (Outcome.OK, Outcome.NOT_MODIFIED)
 
 
+def retry_after_seconds(exc: RetryAfter) -> float:
+    """Telegram's flood-control wait in seconds. PTB reports it as a ``timedelta`` with
+    ``PTB_TIMEDELTA=true`` (``make run``, the Docker image) and as a number otherwise."""
+    delay = exc.retry_after
+    return max(delay.total_seconds() if isinstance(delay, timedelta) else float(delay), 0.0)
+
+
 def classify(exc: BaseException) -> CallResult:
+    """Every Telegram failure, in one place, as the :class:`Outcome` the callers act on."""
     if isinstance(exc, RetryAfter):
-        delay = exc.retry_after
-        seconds = delay.total_seconds() if hasattr(delay, "total_seconds") else float(delay)
-        return CallResult(Outcome.RETRY_AFTER, str(exc), retry_after_s=max(seconds, 0.0))
+        return CallResult(Outcome.RETRY_AFTER, str(exc), retry_after_s=retry_after_seconds(exc))
     if isinstance(exc, BadRequest):
         text = exc.message.lower()
         if "topic_not_modified" in text or "not modified" in text:

@@ -5,24 +5,44 @@ in between loses those updates. This poller hands each update of a ``getUpdates`
 ``Application.process_update`` inside the runtime's inbound batch (the routing handler queues owner
 messages there), journals the whole batch durably in one transaction, and only then asks for the
 next offset. A crash re-fetches unconfirmed updates; the journal drops them by ``update_id``.
+
+Per update: a malformed one is logged and confirmed away (updates are parsed one by one, so it
+cannot take the batch with it); a handler failure is retried a few times, then logged and skipped
+so polling never wedges; storage trouble retries the same update, and trouble journaling the batch
+fetches the same batch again. The poller learns of handler failures through its own error handler
+on the Application.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
+from typing import Any
 
 from loguru import logger
 from telegram import Update
-from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TimedOut
+from telegram.error import Conflict, EndPointNotFound, InvalidToken, NetworkError, RetryAfter
 from telegram.ext import Application, CallbackContext
+from telegram.warnings import PTBUserWarning
 
+from topicbus.bot.gateway import retry_after_seconds
+from topicbus.retry import Backoff
 from topicbus.storage.db import AuthorityLost, StorageUnavailable
 
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 MAX_HANDLER_ATTEMPTS = 3
+
+# ``Bot.get_updates`` parses the whole batch at once (``Update.de_list``): one malformed update
+# would fail the batch, and PTB then logs the raw batch at CRITICAL. So the poller asks with
+# ``do_api_request`` and parses each update itself. PTB warns about exactly that call; the filter
+# below ignores that one message, attributed to this module, and nothing else.
+_DO_API_REQUEST_WARNING = dict(
+    action="ignore", category=PTBUserWarning, module=re.escape(__name__) + "$",
+    message=re.escape("Please use 'Bot.getUpdates' instead of 'Bot.do_api_request(\"getUpdates\", ...)'"))
 
 
 class UpdatePoller:
@@ -38,8 +58,10 @@ class UpdatePoller:
         self.updates_seen = 0
         self.fatal: BaseException | None = None
         self._failed: dict[int, BaseException | None] = {}
+        app.add_error_handler(self.handler_error)
 
     def start(self) -> None:
+        warnings.filterwarnings(**_DO_API_REQUEST_WARNING)  # idempotent: an equal filter is replaced
         self._task = asyncio.create_task(self._run(), name="update-poller")
 
     async def stop(self) -> None:
@@ -53,74 +75,85 @@ class UpdatePoller:
     def done(self) -> bool:
         return self._task is not None and self._task.done()
 
+    async def handler_error(self, update: object, context: CallbackContext) -> None:
+        """The Application's error handler: remember which update failed so ``_process`` retries it."""
+        if isinstance(update, Update):
+            self._failed[update.update_id] = context.error
+
     async def _run(self) -> None:
-        backoff = 0.5
+        backoff = Backoff(initial=0.5, maximum=10.0)
         first = True
-        bot = self._app.bot
         while not self._stopping:
-            try:
-                # The first request does not wait, so "polling started" is known at once.
-                timeout = 0 if first else self._timeout_s
-                raw_updates = await bot.do_api_request(
-                    "getUpdates", api_kwargs={"offset": self._offset, "timeout": timeout,
-                                              "allowed_updates": ALLOWED_UPDATES},
-                    read_timeout=timeout + 10)
-            except InvalidToken as exc:
-                self.fatal = exc
-                logger.bind(phase="polling").error("Telegram rejected the bot token; polling stops")
+            # The first request does not wait, so "polling started" is known at once.
+            raw_updates = await self._fetch(0 if first else self._timeout_s, backoff)
+            if self.fatal is not None:
                 return
-            except RetryAfter as exc:
-                delay = exc.retry_after.total_seconds() if hasattr(exc.retry_after, "total_seconds") else exc.retry_after
-                await asyncio.sleep(float(delay))
+            if raw_updates is None:
                 continue
-            except Conflict:
-                logger.bind(phase="polling").warning("another getUpdates poller is active (409); backing off")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
-                continue
-            except (TimedOut, NetworkError) as exc:
-                logger.bind(phase="polling").warning("getUpdates failed ({}); retrying", type(exc).__name__)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
-                continue
-            except Exception as exc:  # noqa: BLE001 - polling must never die on an odd answer
-                logger.bind(phase="polling").warning("getUpdates answer unusable ({}); retrying",
-                                                     type(exc).__name__)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
-                continue
-            backoff = 0.5
+            backoff.reset()
             if first:
                 first = False
                 if self._on_first_poll is not None:
                     self._on_first_poll()
-            received_at = time.perf_counter()
-            batch = raw_updates if isinstance(raw_updates, list) else []
-            if not batch:
+            if not raw_updates:
                 continue
             try:
-                async with self._batch(received_at):
-                    next_offset = self._offset or 0
-                    for raw in batch:
-                        update_id = raw.get("update_id") if isinstance(raw, dict) else None
-                        if not isinstance(update_id, int):
-                            logger.bind(phase="polling").warning("skipped an update without an update_id")
-                            continue
-                        update = self._parse(raw)
-                        if update is not None and not await self._process(update):
-                            return
-                        next_offset = max(next_offset, update_id + 1)
-                        self.updates_seen += 1
+                next_offset = await self._handle_batch(raw_updates, time.perf_counter())
             except AuthorityLost:
                 logger.bind(phase="polling").warning("leader lease lost; polling stops without confirming")
                 return
             except StorageUnavailable as exc:
                 # Nothing of this batch is confirmed: the same updates are fetched again.
                 logger.bind(phase="polling").warning("batch not journaled ({}); fetching it again", exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+                await backoff.sleep()
                 continue
+            if next_offset is None:
+                return
             self._offset = next_offset
+
+    async def _fetch(self, timeout: float, backoff: Backoff) -> list[Any] | None:
+        """One ``getUpdates``; ``None`` after a failure (already waited for), or with ``fatal`` set."""
+        try:
+            raw_updates = await self._app.bot.do_api_request(
+                "getUpdates", api_kwargs={"offset": self._offset, "timeout": timeout,
+                                          "allowed_updates": ALLOWED_UPDATES},
+                read_timeout=timeout + 10)
+        except (InvalidToken, EndPointNotFound) as exc:
+            # do_api_request reports a rejected token (401/404) as EndPointNotFound once the bot is
+            # initialised; getUpdates exists, so either way the token is no longer accepted.
+            self.fatal = exc
+            logger.bind(phase="polling").error("Telegram rejected the bot token; polling stops")
+            return None
+        except RetryAfter as exc:
+            await asyncio.sleep(retry_after_seconds(exc))
+            return None
+        except Conflict:
+            logger.bind(phase="polling").warning("another getUpdates poller is active (409); backing off")
+        except NetworkError as exc:  # TimedOut included
+            logger.bind(phase="polling").warning("getUpdates failed ({}); retrying", type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - polling must never die on an odd answer
+            logger.bind(phase="polling").warning("getUpdates answer unusable ({}); retrying", type(exc).__name__)
+        else:
+            return raw_updates if isinstance(raw_updates, list) else []
+        await backoff.sleep()
+        return None
+
+    async def _handle_batch(self, raw_updates: list[Any], received_at: float) -> int | None:
+        """Process every update inside one inbound batch; the offset to confirm once it is journaled,
+        or ``None`` when the poller has to stop without confirming."""
+        async with self._batch(received_at):
+            next_offset = self._offset or 0
+            for raw in raw_updates:
+                update_id = raw.get("update_id") if isinstance(raw, dict) else None
+                if not isinstance(update_id, int):
+                    logger.bind(phase="polling").warning("skipped an update without an update_id")
+                    continue
+                update = self._parse(raw)
+                if update is not None and not await self._process(update):
+                    return None
+                next_offset = max(next_offset, update_id + 1)
+                self.updates_seen += 1
+        return next_offset
 
     def _parse(self, raw: dict) -> Update | None:
         """One update at a time, so a malformed update is skipped instead of stalling the batch."""
@@ -131,15 +164,10 @@ class UpdatePoller:
                                                  type(exc).__name__)
             return None
 
-    async def handler_error(self, update: object, context: CallbackContext) -> None:
-        """Application error handler: remember which update failed so ``_process`` retries it."""
-        if isinstance(update, Update):
-            self._failed[update.update_id] = context.error
-
     async def _process(self, update: Update) -> bool:
         """Run the handlers. Storage trouble retries the same update (the offset is not advanced);
         any other handler failure is retried a few times, then logged and skipped so polling never wedges."""
-        attempt = 0
+        backoff, failures = Backoff(initial=0.4, maximum=5.0), 0
         while not self._stopping:
             await self._app.process_update(update)
             error = self._failed.pop(update.update_id, None)
@@ -149,13 +177,12 @@ class UpdatePoller:
                 logger.bind(phase="polling").warning("leader lease lost; polling stops without confirming")
                 self._stopping = True
                 return False
-            attempt += 1
-            transient = isinstance(error, StorageUnavailable)
-            if not transient and attempt >= MAX_HANDLER_ATTEMPTS:
+            failures += 1
+            if not isinstance(error, StorageUnavailable) and failures >= MAX_HANDLER_ATTEMPTS:
                 logger.bind(phase="polling").error("update {} skipped after {} failed attempts ({})",
-                                                   update.update_id, attempt, type(error).__name__)
+                                                   update.update_id, failures, type(error).__name__)
                 return True
             logger.bind(phase="polling").warning("update {} not processed ({}); retrying",
                                                  update.update_id, type(error).__name__)
-            await asyncio.sleep(min(0.2 * 2 ** attempt, 5.0))
+            await backoff.sleep()
         return False

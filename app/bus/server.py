@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -19,6 +18,8 @@ from typing import Any, Protocol
 from aiohttp import WSCloseCode, WSMsgType, web
 from loguru import logger
 
+from topicbus.bus.metrics import Snapshot
+from topicbus.bus.metrics import render as render_metrics
 from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, ErrorCode, FollowerRequest, Kind, ProtocolError,
                                Registration, SendRequest, ack, decode_frame, encode, error_ack, leader_identity,
                                request_id_of)
@@ -71,7 +72,7 @@ class BusConnection:
 
 class BusServer:
     def __init__(self, *, host: str, port: int, secret: str | None,
-                 status: Callable[[], Awaitable[dict[str, Any]]], metrics: Callable[[], str]):
+                 status: Callable[[], Awaitable[dict[str, Any]]], metrics: Callable[[], Snapshot]):
         self._host = host
         self._port = port
         self._secret = (secret or "").encode()
@@ -154,7 +155,8 @@ class BusServer:
         return web.json_response(body, status=200 if healthy else 503)
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
-        return web.Response(text=self._metrics(), content_type="text/plain")
+        body, content_type = render_metrics(self._metrics, request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _status_handler(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -257,18 +259,3 @@ class BusServer:
             await conn.send_frame(frame)
         except Exception:  # noqa: BLE001 - the follower went away; nothing to answer
             pass
-
-
-def prometheus(lines: dict[str, float | int], help_text: dict[str, str]) -> str:
-    out = []
-    for name, value in lines.items():
-        base = name.split("{", 1)[0]
-        if base in help_text:
-            out.append(f"# HELP {base} {help_text[base]}")
-            out.append(f"# TYPE {base} {'counter' if base.endswith('_total') else 'gauge'}")
-        out.append(f"{name} {value}")
-    return "\n".join(out) + "\n"
-
-
-def dumps(data: Any) -> str:
-    return json.dumps(data, indent=2, sort_keys=True)

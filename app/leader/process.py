@@ -23,7 +23,8 @@ from topicbus import handlers
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
 from topicbus.bot.timers import JobQueueTimers
-from topicbus.bus.server import BusServer, prometheus
+from topicbus.bus.metrics import Snapshot
+from topicbus.bus.server import BusServer
 from topicbus.core.clock import Clock, SystemClock
 from topicbus.host import ProcessLiveness, current_host_id
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
@@ -109,10 +110,10 @@ class LeaderProcess:
             return await services.status.snapshot(self.server.role)
         return {"role": self.server.role, "epoch": self.server.epoch, "followers": [], "bindings": []}
 
-    def _metrics(self) -> str:
+    def _metrics(self) -> Snapshot:
         leadership = self.leadership
         services = leadership.services if leadership else None
-        values: dict[str, float | int] = {
+        values: dict[str, Any] = {
             "topicbus_leader": 1 if self.server.role == "leader" else 0,
             "topicbus_epoch": self.server.epoch,
             "topicbus_followers": len(services.roster) if services else 0,
@@ -126,12 +127,12 @@ class LeaderProcess:
                 "topicbus_outbound_sent_total": services.outbound.sent,
                 "topicbus_outbound_retry_after_total": services.outbound.retry_after_hits,
                 "topicbus_updates_seen_total": leadership.poller.updates_seen if leadership.poller else 0,
-                'topicbus_route_latency_ms{quantile="0.5"}': router.latency.quantile(0.5) or 0,
-                'topicbus_route_latency_ms{quantile="0.99"}': router.latency.quantile(0.99) or 0,
+                "topicbus_route_latency_ms": {"0.5": router.latency.quantile(0.5) or 0,
+                                              "0.99": router.latency.quantile(0.99) or 0},
                 "topicbus_display_passes_total": services.display.passes,
                 "topicbus_display_edits_total": services.display.edits,
             })
-        return prometheus(values, {k: k.replace("_", " ") for k in values})
+        return values
 
 
 class Leadership:
@@ -276,8 +277,6 @@ class Leadership:
             await self.services.pruner.tick()
 
     async def _handler_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
-        if self.poller is not None:
-            await self.poller.handler_error(update, context)
         if context.error is not None and update is not None:
             logger.bind(phase="handler").opt(exception=context.error).warning("update handler failed")
         elif context.error is not None:

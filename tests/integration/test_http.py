@@ -9,7 +9,7 @@ from topicbus.bus.server import BusServer
 
 async def test_healthz_reports_role_and_is_503_until_polling():
     server = BusServer(host="127.0.0.1", port=0, secret="secret-value", status=lambda: _status(),
-                       metrics=lambda: "topicbus_leader 1\n")
+                       metrics=lambda: {"topicbus_leader": 1})
     await server.start()
     base = f"http://127.0.0.1:{server.bound_port}"
     try:
@@ -26,7 +26,8 @@ async def test_healthz_reports_role_and_is_503_until_polling():
             server.polling = True
             assert await health() == (200, {"role": "leader", "epoch": 4, "followers": 0})
             async with http.get(f"{base}/metrics") as resp:
-                assert resp.status == 200 and "topicbus_leader 1" in await resp.text()
+                assert resp.status == 200 and "topicbus_leader 1.0\n" in await resp.text()
+                assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             async with http.get(f"{base}/v1/status") as resp:
                 assert resp.status == 401
             async with http.get(f"{base}/v1/status", headers={"Authorization": "Bearer secret-value"}) as resp:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import os
 import random
@@ -506,13 +505,14 @@ class Soak:
             if not line.startswith("{"):
                 continue
             try:
-                event = json.loads(line)
-            except ValueError:
+                record = json.loads(line)["record"]
+            except (ValueError, KeyError, TypeError):
                 continue
-            if event.get("phase") != "follower-registered":
+            extra = record["extra"]
+            if extra.get("phase") != "follower-registered":
                 continue
-            wall = dt.datetime.fromisoformat(event["time"].replace("Z", "+00:00")).timestamp()
-            found.append((wall - self.wall_offset, event["instanceId"], event["slot"], event["threadId"]))
+            wall = record["time"]["timestamp"]
+            found.append((wall - self.wall_offset, extra["instanceId"], extra["slot"], extra["threadId"]))
         return found
 
     def follower_warnings(self) -> Counter[str]:
@@ -531,8 +531,8 @@ class Soak:
         assert self.leader is not None
         found: Counter[str] = Counter()
         for line in self.leader.log().splitlines():
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                event = json.loads(line)["record"]["extra"]
                 if event.get("phase"):
                     found[f"{event['phase']}/{event.get('process_liveness', '')}".rstrip("/")] += 1
         return found
@@ -541,10 +541,10 @@ class Soak:
         assert self.leader is not None
         found: Counter[str] = Counter()
         for line in self.leader.log().splitlines():
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if event.get("level") == "WARNING":
-                    found[f"leader WARNING {event.get('phase')}: {str(event.get('message'))[:160]}"] += 1
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                record = json.loads(line)["record"]
+                if record["level"]["name"] == "WARNING":
+                    found[f"leader WARNING {record['extra'].get('phase')}: {str(record['message'])[:160]}"] += 1
         return found
 
     def leader_problems(self) -> list[str]:
@@ -552,13 +552,14 @@ class Soak:
         problems = []
         for line in self.leader.log().splitlines():
             try:
-                event = json.loads(line)
-            except ValueError:
+                record = json.loads(line)["record"]
+            except (ValueError, KeyError, TypeError):
                 if "Traceback" in line:
                     problems.append(line)
                 continue
-            if event.get("level") in ("ERROR", "CRITICAL") or "exception" in event:
-                problems.append(f"{event.get('level')} {event.get('phase')}: {event.get('message')}")
+            level = record["level"]["name"]
+            if level in ("ERROR", "CRITICAL") or record["exception"] is not None:
+                problems.append(f"{level} {record['extra'].get('phase')}: {record['message']}")
         return problems
 
     def analyse(self) -> tuple[dict[str, Any], list[str]]:

@@ -1,5 +1,5 @@
-"""topicbus.logsetup: redaction everywhere (message, extras, tracebacks, intercepted stdlib), formats,
-levels, structured events and the in-memory journal."""
+"""topicbus.logsetup: redaction everywhere (message, extras, tracebacks, intercepted stdlib), the
+human format, loguru's JSON serialization, levels, structured events and the in-memory journal."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from topicbus.logsetup import (
     event,
 )
 
-TOKEN = "123456:ABC-secret"  # the brief's example: too short for the generic shape, so registered
+TOKEN = "123456:ABC-secret"  # too short for the generic shape, so registered
 SHAPED = "987654321:AAHf3kZ9x_abcdefghijklmnopqrs"  # matches the generic bot-token shape
 
 
@@ -36,8 +36,7 @@ def _restore_logging():
     saved_handlers, saved_level = root.handlers[:], root.level
     saved_levels = {name: logging.getLogger(name).level for name in logsetup.STDLIB_LEVELS}
     yield
-    logger.remove()
-    logger.add(lambda m: sys.stderr.write(m), level="DEBUG")
+    logger.configure(patcher=lambda record: None, handlers=[{"sink": sys.stderr, "level": "DEBUG"}])
     root.handlers[:] = saved_handlers
     root.setLevel(saved_level)
     for name, level in saved_levels.items():
@@ -52,7 +51,13 @@ def _setup(**kwargs) -> io.StringIO:
 
 
 def _json_lines(out: io.StringIO) -> list[dict]:
+    """loguru's serialized lines: ``{"text": <the human line>, "record": {...}}``."""
     return [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
+
+
+def _fail_with_token(token: str) -> None:
+    local_token = token  # a local holding the secret: must never be rendered (diagnose=False)
+    raise RuntimeError(f"request to /bot{local_token}/sendMessage failed")
 
 
 # --- redaction -------------------------------------------------------------------------------
@@ -75,7 +80,7 @@ def test_secret_redacted_in_extra_fields(as_json):
     assert TOKEN not in text
     assert REDACTED in text
     if as_json:
-        first, second = _json_lines(out)
+        first, second = (line["record"]["extra"] for line in _json_lines(out))
         assert first["url"] == f"http://x/bot{REDACTED}/x"
         assert first["nested"] == {"k": [REDACTED]}
         assert second["token"] == REDACTED
@@ -89,11 +94,6 @@ def test_secret_with_quote_characters_redacted_in_human_extras():
     assert REDACTED in out.getvalue()
 
 
-def _fail_with_token(token: str) -> None:
-    local_token = token  # a local holding the secret: must never be rendered (diagnose=False)
-    raise RuntimeError(f"request to /bot{local_token}/sendMessage failed")
-
-
 @pytest.mark.parametrize("as_json", [False, True])
 def test_secret_redacted_in_traceback(as_json):
     out = _setup(json=as_json)
@@ -102,19 +102,41 @@ def test_secret_redacted_in_traceback(as_json):
             _fail_with_token(TOKEN)
         except RuntimeError as inner:
             raise ValueError(f"wrapped: {TOKEN}") from inner
-    except ValueError:
+    except ValueError as outer:
         logger.exception("operation failed")
+        original = outer
     text = out.getvalue()
     assert TOKEN not in text
     assert "Traceback (most recent call last)" in text
     assert "RuntimeError: request to /bot[REDACTED]/sendMessage failed" in text
+    assert "The above exception was the direct cause of the following exception" in text
     assert "ValueError: wrapped: [REDACTED]" in text
     assert "_fail_with_token" in text
+    assert str(original) == f"wrapped: {TOKEN}"  # the caller's exception is left untouched
     if as_json:
         (line,) = _json_lines(out)
-        assert line["message"] == "operation failed"
-        assert "RuntimeError" in line["exception"]
-        assert TOKEN not in line["exception"]
+        assert line["record"]["message"] == "operation failed"
+        assert line["record"]["exception"] == {"type": "ValueError", "value": f"wrapped: {REDACTED}",
+                                               "traceback": True}
+        assert "RuntimeError: request to /bot[REDACTED]/sendMessage failed" in line["text"]
+
+
+def test_secret_redacted_in_exception_groups_notes_and_context():
+    out = _setup()
+    group = ExceptionGroup(f"group {TOKEN}", [KeyError(TOKEN), OSError(5, f"io {TOKEN}")])
+    group.add_note(f"note {TOKEN}")
+    try:
+        try:
+            raise group
+        except ExceptionGroup:
+            raise LookupError(f"while handling {TOKEN}")  # implicit __context__
+    except LookupError:
+        logger.exception("grouped")
+    text = out.getvalue()
+    assert TOKEN not in text
+    for line in ("ExceptionGroup: group [REDACTED]", "KeyError: '[REDACTED]'", "OSError: [Errno 5] io [REDACTED]",
+                 "note [REDACTED]", "During handling of the above exception", "LookupError: while handling [REDACTED]"):
+        assert line in text, line
 
 
 def test_generic_token_shape_redacted_without_registration():
@@ -140,9 +162,12 @@ def test_intercepted_httpx_info_is_dropped_and_json_logger_name():
     logging.getLogger("httpx").info("HTTP Request: POST http://127.0.0.1:1/botX/getMe")
     logging.getLogger("httpx").warning("slow")
     (line,) = _json_lines(out)
-    assert line["logger"] == "httpx"
-    assert line["level"] == "WARNING"
-    assert line["message"] == "slow"
+    record = line["record"]
+    assert record["name"] == "httpx"
+    assert record["level"]["name"] == "WARNING"
+    assert record["message"] == "slow"
+    assert record["extra"] == {}  # the carrier of the stdlib name is not left in the fields
+    assert record["function"] == "test_intercepted_httpx_info_is_dropped_and_json_logger_name"  # the caller
 
 
 def test_httpx_error_url_redacted_in_stdlib_exc_info():
@@ -162,7 +187,7 @@ def test_httpx_error_url_redacted_in_stdlib_exc_info():
     except httpx.HTTPStatusError:
         logging.getLogger("telegram.ext").error("request failed", exc_info=True)
     text = out.getvalue()
-    assert "HTTPStatusError" in text
+    assert "httpx.HTTPStatusError: Client error '404 Not Found'" in text  # qualified type name kept
     assert TOKEN not in text
     assert f"/bot{REDACTED}/getMe" in text
 
@@ -189,7 +214,8 @@ def test_redactor_is_pure_and_handles_variants():
     assert r.redact(12345) == "12345"
     assert r.redact_value({"k": ["secret-one", 3, None]}) == {"k": [REDACTED, 3, None]}
     assert Redactor().redact(f"t={SHAPED}") == f"t={REDACTED}"
-    assert Redactor(["short"]).secret_count == 0
+    assert Redactor(["short"], token_shape=False).redact("short") == "short"  # too short to register
+    assert Redactor(token_shape=False).redact(SHAPED) == SHAPED
 
 
 # --- formats and levels ----------------------------------------------------------------------
@@ -197,32 +223,36 @@ def test_redactor_is_pure_and_handles_variants():
 
 def test_human_format():
     out = _setup()
-    event("hello", phase="boot", instanceId="abc", note="two words")
-    logger.info("plain")
-    first, second = out.getvalue().splitlines()
+    event("hello", phase="boot", instanceId="abc", note="two words", markup="<b>{x}</b>", ok=True)
+    logger.bind(before=1).info("phase comes first", phase="late")
+    logger.info("plain {braces} <b>kept</b>")
+    first, second, third = out.getvalue().splitlines()
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}"
     assert re.fullmatch(
-        r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \| INFO \| hello \| phase=boot instanceId=abc note="two words"',
-        first,
+        stamp + r' \| INFO \| hello \| phase=boot instanceId=abc note="two words" markup=<b>{x}</b> ok=True', first
     ), first
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \| INFO \| plain", second), second
+    assert re.fullmatch(stamp + r" \| INFO \| phase comes first \| phase=late before=1", second), second
+    assert re.fullmatch(stamp + r" \| INFO \| plain {braces} <b>kept</b>", third), third
 
 
-def test_json_lines_carry_phase_and_extra_fields():
+def test_json_lines_are_loguru_serialization_with_phase_and_fields():
     out = _setup(json=True)
     event("registered", phase="registration", instanceId="i-1", generation=3, ok=True, message="clash")
     logger.info("no extras {braces} kept")
     first, second = _json_lines(out)
-    assert first["message"] == "registered"
-    assert first["level"] == "INFO"
-    assert first["phase"] == "registration"
-    assert first["instanceId"] == "i-1"
-    assert first["generation"] == 3 and first["ok"] is True
-    assert first["extra.message"] == "clash"  # an extra never overwrites a core key
-    assert first["logger"] == __name__  # the caller of event(), not topicbus.logsetup
-    assert "exception" not in first
-    assert first["time"].endswith("Z")
-    assert datetime.fromisoformat(first["time"].replace("Z", "+00:00")).utcoffset().total_seconds() == 0
-    assert second["message"] == "no extras {braces} kept"
+    record = first["record"]
+    assert record["message"] == "registered"
+    assert record["level"]["name"] == "INFO"
+    assert record["extra"] == {"phase": "registration", "instanceId": "i-1", "generation": 3, "ok": True,
+                               "message": "clash"}  # an extra never overwrites a core key
+    assert record["name"] == __name__  # the caller of event(), not topicbus.logsetup
+    assert record["exception"] is None
+    when = datetime.fromisoformat(record["time"]["repr"])
+    assert when.utcoffset().total_seconds() == 0  # UTC
+    assert when.timestamp() == pytest.approx(record["time"]["timestamp"])
+    assert first["text"].rstrip("\n").endswith(" | INFO | registered | phase=registration instanceId=i-1 "
+                                               "generation=3 ok=True message=clash")
+    assert second["record"]["message"] == "no extras {braces} kept"
     assert len(out.getvalue().splitlines()) == 2  # compact: one object per line
 
 
@@ -250,6 +280,12 @@ def test_stdlib_logger_levels_pinned():
         assert dropped not in text
 
 
+def test_stdlib_message_that_cannot_be_formatted_does_not_raise(capsys):
+    _setup()
+    logging.getLogger("some.lib").warning("%d items", "not a number")  # stdlib reports it on stderr
+    assert "--- Logging error ---" in capsys.readouterr().err
+
+
 def test_configure_is_idempotent_and_reconfigures():
     first = _setup()
     second = _setup(json=True)
@@ -274,6 +310,13 @@ def test_callable_sink():
     assert lines and lines[0].endswith(f"| {REDACTED}\n")
 
 
+def test_default_sink_is_the_current_stderr(capsys):
+    configure_logging(secrets=[TOKEN])
+    logger.info(f"to stderr {TOKEN}")
+    err = capsys.readouterr().err
+    assert f"| INFO | to stderr {REDACTED}" in err and TOKEN not in err
+
+
 # --- events ----------------------------------------------------------------------------------
 
 
@@ -281,10 +324,10 @@ def test_event_with_exception_below_error_has_no_traceback():
     out = _setup(json=True)
     event(ValueError(f"bad value {TOKEN}"), phase="prune", level="WARNING", instanceId="i-2")
     event(KeyError(), phase="prune", level="warning")
-    first, second = _json_lines(out)
+    first, second = (line["record"] for line in _json_lines(out))
     assert first["message"] == f"ValueError: bad value {REDACTED}"
-    assert first["level"] == "WARNING"
-    assert "exception" not in first
+    assert first["level"]["name"] == "WARNING"
+    assert first["exception"] is None
     assert second["message"] == "KeyError"
 
 
@@ -295,9 +338,21 @@ def test_event_with_exception_at_error_has_traceback():
     except RuntimeError as exc:
         event(exc, phase="cleanup", level="ERROR")
     (line,) = _json_lines(out)
-    assert line["message"].startswith("RuntimeError: ")
-    assert "Traceback" in line["exception"] and "_fail_with_token" in line["exception"]
+    assert line["record"]["message"].startswith("RuntimeError: ")
+    assert line["record"]["exception"]["type"] == "RuntimeError"
+    assert "Traceback" in line["text"] and "_fail_with_token" in line["text"]
     assert TOKEN not in json.dumps(line)
+
+
+def test_unprintable_field_is_logged_not_raised():
+    out = _setup()
+
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    event("odd field", phase="p", thing=Unprintable())
+    assert "odd field | phase=p thing=\"<unprintable Unprintable>\"" in out.getvalue()
 
 
 # --- journal ---------------------------------------------------------------------------------
@@ -309,14 +364,14 @@ def test_journal_is_bounded_and_filters_by_phase():
     journal = EventJournal(maxlen=3, clock=lambda: next(ticks))
     for i in range(5):
         journal.record(f"e{i}", phase="prune" if i % 2 else "registration", i=i)
-    assert len(journal) == 3 and journal.maxlen == 3
     assert [e.message for e in journal.recent()] == ["e2", "e3", "e4"]
     assert [e.message for e in journal.recent("prune")] == ["e3"]
     assert journal.recent("nothing") == []
     assert journal.recent()[0] == RecordedEvent(at_ms=1002, level="INFO", phase="registration", message="e2", fields={"i": 2})
-    journal.clear()
-    assert journal.recent() == []
-    assert EventJournal().maxlen == 500
+    default = EventJournal()
+    for i in range(501):
+        default.record(f"d{i}", phase="p")
+    assert len(default.recent()) == 500 and default.recent()[0].message == "d1"
     with pytest.raises(ValueError):
         EventJournal(maxlen=0)
 
@@ -330,8 +385,8 @@ def test_journal_records_errors_redacted_and_logs_them():
     assert stored.fields == {"url": f"/bot{REDACTED}"}
     assert stored.level == "WARNING"
     (line,) = _json_lines(out)
-    assert line["phase"] == "cleanup" and line["message"] == stored.message
-    assert line["logger"] == __name__
+    assert line["record"]["extra"]["phase"] == "cleanup" and line["record"]["message"] == stored.message
+    assert line["record"]["name"] == __name__
 
 
 def test_record_swallows_sink_errors():
@@ -353,11 +408,15 @@ def test_record_swallows_sink_errors():
             raise RuntimeError("no str")
 
     assert journal.record("odd field", phase="p", thing=Unprintable()) is not None
-    assert len(journal) == 3
+    assert len(journal.recent()) == 3
 
 
-def test_our_sink_never_raises_on_a_broken_stream():
+def test_broken_stream_never_raises_and_loguru_error_report_is_redacted(capsys):
     out = _setup()
     out.close()
-    logger.info("into a closed stream")  # no exception
-    EventJournal().record("still fine", phase="p")
+    logger.info(f"into a closed stream {TOKEN}")  # no exception into the caller
+    assert EventJournal().record(f"still fine {TOKEN}", phase="p") is not None
+    err = capsys.readouterr().err
+    assert err.count("Logging error in Loguru Handler") == 2  # loguru reported both failures...
+    assert f"into a closed stream {REDACTED}" in err and f"still fine {REDACTED}" in err
+    assert TOKEN not in err  # ...with the scrubbed record

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from topicbus.core.registry import FollowerRecord, FollowerRegistry
-from topicbus.core.target import Target, overlaps
+from topicbus.core.registry import FollowerRecord, FollowerRegistry, overlaps
+from topicbus.core.target import Target
 
 STALE_AFTER_MS = 15_000
 

@@ -1,0 +1,59 @@
+"""topicbus.bot.gateway: every Telegram failure classified in one place, and RetryAfter in seconds.
+(PTB strips a "Bad Request: " prefix and capitalises what is left; other messages stay as sent.)"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from telegram.error import BadRequest, Conflict, Forbidden, NetworkError, RetryAfter, TimedOut
+from telegram.warnings import PTBDeprecationWarning
+
+from topicbus.bot.gateway import CallResult, Outcome, classify, retry_after_seconds
+
+
+@pytest.mark.parametrize("error, expected", [
+    (BadRequest("Bad Request: TOPIC_NOT_MODIFIED"), CallResult(Outcome.NOT_MODIFIED, "Topic_not_modified")),
+    (BadRequest("Bad Request: message is not modified: specified new message content is the same"),
+     CallResult(Outcome.NOT_MODIFIED, "Message is not modified: specified new message content is the same")),
+    (BadRequest("Bad Request: message thread not found"), CallResult(Outcome.GONE, "Message thread not found")),
+    (BadRequest("Bad Request: TOPIC_ID_INVALID"), CallResult(Outcome.GONE, "Topic_id_invalid")),
+    (BadRequest("Bad Request: TOPIC_DELETED"), CallResult(Outcome.GONE, "Topic_deleted")),
+    (BadRequest("Bad Request: not enough rights to create a topic"),
+     CallResult(Outcome.REJECTED, "Not enough rights to create a topic")),
+    (Forbidden("Forbidden: bot was kicked from the supergroup chat"),
+     CallResult(Outcome.REJECTED, "Forbidden: bot was kicked from the supergroup chat")),
+    (TimedOut(), CallResult(Outcome.AMBIGUOUS, "Timed out")),
+    (NetworkError("httpx.ConnectError: All connection attempts failed"),
+     CallResult(Outcome.AMBIGUOUS, "httpx.ConnectError: All connection attempts failed")),
+    (Conflict("Conflict: terminated by other getUpdates request"),
+     CallResult(Outcome.REJECTED, "Conflict: terminated by other getUpdates request")),
+    (ValueError(f"no token in here {'123456:ABC-secret'}"), CallResult(Outcome.AMBIGUOUS, "ValueError")),
+], ids=["topic-not-modified", "message-not-modified", "thread-not-found", "topic-id-invalid", "topic-deleted",
+        "bad-request-other", "forbidden", "timed-out", "network", "other-telegram-error", "unknown"])
+def test_classify(error, expected):
+    assert classify(error) == expected
+
+
+def test_only_ok_and_not_modified_count_as_done():
+    assert [o for o in Outcome if CallResult(o).ok] == [Outcome.OK, Outcome.NOT_MODIFIED]
+
+
+@pytest.mark.parametrize("retry_after", [timedelta(seconds=7), 7])
+def test_retry_after_with_ptb_timedelta(monkeypatch, retry_after):
+    monkeypatch.setenv("PTB_TIMEDELTA", "true")  # PTB answers a timedelta (make run, Docker)
+    error = RetryAfter(retry_after)
+    assert isinstance(error.retry_after, timedelta)
+    assert retry_after_seconds(error) == 7.0
+    assert classify(error) == CallResult(Outcome.RETRY_AFTER, "Flood control exceeded. Retry in 0:00:07",
+                                         retry_after_s=7.0)
+
+
+def test_retry_after_as_a_number(monkeypatch):
+    monkeypatch.delenv("PTB_TIMEDELTA", raising=False)  # PTB answers an int (with a deprecation warning)
+    with pytest.warns(PTBDeprecationWarning):
+        error = RetryAfter(timedelta(seconds=3))
+        assert isinstance(error.retry_after, int)
+        assert retry_after_seconds(error) == 3.0
+        assert classify(error).retry_after_s == 3.0
+        assert classify(error).outcome is Outcome.RETRY_AFTER
