@@ -313,7 +313,7 @@ async def test_raw_http_parsing_and_errors(fake: FakeBotApi) -> None:
 
 
 async def test_wait_for_reports_state_on_timeout(fake: FakeBotApi) -> None:
-    with pytest.raises(AssertionError, match="never happens.*topics="):
+    with pytest.raises(AssertionError, match="(?s)never happens.*topics="):
         await fake.wait_for(lambda: False, timeout=0.1, message="never happens")
 
 
