@@ -45,6 +45,8 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from tests.support.waiting import wait_until
+
 JSON = dict[str, Any]
 
 DEFAULT_FORUM_CHAT_ID = -1001234567890
@@ -411,23 +413,10 @@ class FakeBotApi:
 
     async def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0,
                        message: str = "") -> Any:
-        """Wait until ``predicate()`` is truthy (re-checked on every state change and every
-        50 ms); return its value or raise ``AssertionError`` with a state summary."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            changed = self._changed
-            result = predicate()
-            if result:
-                return result
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise AssertionError(f"{message or 'condition not met'} (after {timeout}s); "
-                                     f"{self.summary()}")
-            try:
-                await asyncio.wait_for(changed.wait(), min(0.05, remaining))
-            except TimeoutError:
-                pass
+        """Wait until ``predicate()`` is truthy and return its value; on timeout raise
+        ``AssertionError`` with a summary of the fake's state (``tests.support.waiting``)."""
+        return await wait_until(predicate, timeout=timeout, message=message or "condition",
+                                describe=lambda: f"fake: {self.summary()}")
 
     # ------------------------------------------------------------------ HTTP plumbing
 

@@ -1,3 +1,6 @@
+"""End-to-end layer: leader and follower subprocesses (``tests/e2e/harness.py``) against the fake
+Bot API. Fixtures: ``fake`` and ``cluster`` (a ``Cluster`` over that fake and ``tmp_path``)."""
+
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -5,13 +8,13 @@ import pytest
 
 from tests.e2e.harness import Cluster
 from tests.fakebotapi import FakeBotApi
+from tests.support.fake_telegram import fake  # noqa: F401 - the fixture, shared with tests/integration
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    async with FakeBotApi() as fake:
-        c = Cluster(fake=fake, tmp=tmp_path)
-        try:
-            yield c
-        finally:
-            await c.shutdown()
+async def cluster(fake: FakeBotApi, tmp_path: Path) -> AsyncIterator[Cluster]:  # noqa: F811 - the fixture
+    c = Cluster(fake=fake, tmp=tmp_path)
+    try:
+        yield c
+    finally:
+        await c.shutdown()

@@ -9,13 +9,14 @@ import signal
 import socket
 import sys
 import textwrap
-import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.fakebotapi import FakeBotApi
+from tests.support.waiting import wait_until
 
 TOKEN = "123456789:TEST-e2e-token-not-a-real-one"
 SECRET = "e2e-bus-secret-0123456789"
@@ -148,17 +149,10 @@ class Cluster:
         code, body = await asyncio.to_thread(self.http, "/v1/status")
         return body if code == 200 else None
 
-    async def wait_for(self, predicate, timeout: float = 20.0, message: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {message}\n{self.diagnostics()}")
-            await asyncio.sleep(0.05)
+    async def wait_for(self, predicate, timeout: float = 20.0, message: str | Callable[[], str] = "condition") -> Any:
+        """``tests.support.waiting.wait_until`` with every process's log tail on failure."""
+        return await wait_until(predicate, timeout=timeout, interval=0.05, message=message,
+                                describe=self.diagnostics)
 
     async def wait_polling(self, timeout: float = 20.0) -> dict[str, Any]:
         async def ready():
@@ -193,7 +187,7 @@ class Cluster:
 
     async def wait_text(self, thread_id: int, needle: str, timeout: float = 20.0) -> None:
         await self.wait_for(lambda: any(needle in t for t in self.texts_in(thread_id)), timeout,
-                            f"{needle!r} in thread {thread_id}: {self.texts_in(thread_id)}")
+                            lambda: f"{needle!r} in thread {thread_id}: {self.texts_in(thread_id)}")
 
     def diagnostics(self) -> str:
         parts = [f"fake: {self.fake.summary()}"]

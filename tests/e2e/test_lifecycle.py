@@ -73,22 +73,33 @@ async def test_cleanup_off_preserves_topic_and_restart_gets_it_back(cluster: Clu
 async def test_stopped_but_alive_follower_is_pruned_and_never_deleted(cluster: Cluster, tmp_path):
     work = tmp_path / "sigstop"
     _, follower, thread = await cluster.leader_with_follower(work)
+    witness_work = tmp_path / "witness"
+    witness = await cluster.start_follower(witness_work)
+    witness_thread = (await cluster.wait_follower_topic(witness_work))["threadId"]
+
+    def deletes_of(thread_id: int) -> list:
+        return [c for c in cluster.fake.calls_to("deleteForumTopic") if c.params.get("message_thread_id") == thread_id]
 
     os.killpg(follower.pid, signal.SIGSTOP)
     try:
         await wait_state(cluster, work, "offline")  # pruned from routing, owner record kept
         snap = await cluster.status()
         assert len(snap["pendingObservations"]) == 1
-        await asyncio.sleep(0.6)  # a few more prune ticks (interval 0.2 s): still no deletion
+        # A witness killed now is found stale (1.5 s), proven dead and deleted by prune passes that
+        # come later (one every 0.2 s). Once its topic is gone, those passes have also probed the
+        # stopped follower many times, and none of them deleted it.
+        os.killpg(witness.pid, signal.SIGKILL)
+        await witness.wait()
+        await cluster.wait_for(lambda: deletes_of(witness_thread), message="the witness's topic deleted")
         assert not cluster.fake.topic(CHAT_ID, thread).deleted
-        assert cluster.fake.calls_to("deleteForumTopic") == []
+        assert deletes_of(thread) == []
     finally:
         os.killpg(follower.pid, signal.SIGCONT)
     back = await wait_state(cluster, work, "live")
     assert back["threadId"] == thread
     cluster.fake.push_message(CHAT_ID, "still there?", thread_id=thread, from_id=OWNER_ID)
     await cluster.wait_text(thread, "echo: still there?")
-    assert cluster.fake.calls_to("deleteForumTopic") == []
+    assert deletes_of(thread) == []
 
 
 async def test_follower_that_died_while_the_leader_was_down_is_still_cleaned_up(cluster: Cluster, tmp_path):

@@ -1,3 +1,8 @@
+"""Integration layer: real PTB and real SQLite in-process, against the fake Bot API.
+
+Fixtures: ``fake`` (a fresh ``FakeBotApi``) and ``env`` (a ``LeaderEnv`` over it and a database in
+``tmp_path``)."""
+
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -5,10 +10,11 @@ import pytest
 
 from tests.fakebotapi import FakeBotApi
 from tests.integration.leader_env import LeaderEnv
+from tests.support.fake_telegram import fake  # noqa: F401 - the fixture, shared with tests/e2e
 
 
 @pytest.fixture
-async def env(fake: FakeBotApi, tmp_path: Path) -> AsyncIterator[LeaderEnv]:
+async def env(fake: FakeBotApi, tmp_path: Path) -> AsyncIterator[LeaderEnv]:  # noqa: F811 - the fixture
     leader = LeaderEnv(fake, tmp_path)
     try:
         yield leader

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 
 from topicbus.leader.control import DisplayModeRefused
 from topicbus.core.display import DisplayMode
 from topicbus.storage.runtime_settings import RuntimeSettingsRepository
+from tests.integration.jobqueue import JobQueueControl
 from tests.integration.leader_env import CHAT, LeaderEnv
-
-
-async def until(predicate, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def titles(env: LeaderEnv) -> dict[int, str]:
@@ -56,13 +46,16 @@ async def test_case47_deferred_pass_edits_only_what_the_settled_roster_needs(tit
     await env.start()
     x, y = await two_in_one_directory(env)
     await env.restart()
+    jobs = JobQueueControl(env.app.job_queue)
+    jobs.hold()  # the window stays open while the roster settles, however slow registration is
     await start_window(env)
     env.fake.reset_calls()
     await env.register("x2", cwd="/work/extensions", name="one", pid=21)
     if second_returns:
         await env.register("y2", cwd="/work/extensions", name="two", pid=22)
     assert edits(env) == []  # suppressed during the window even though the roster changed
-    await until(lambda: env.services.display.passes >= 1, what="deferred startup pass")
+    await jobs.fast_forward()  # the window expires
+    assert env.services.display.passes == 1  # the one deferred startup pass
     assert edits(env) == ([] if second_returns else [(x["threadId"], "Extensions")])
 
 
@@ -71,12 +64,14 @@ async def test_case47_leader_stopped_before_expiry_edits_nothing(titled: LeaderE
     await env.start()
     await two_in_one_directory(env)
     await env.restart()
+    jobs = JobQueueControl(env.app.job_queue)
+    jobs.hold()
     await start_window(env, window_s=0.2)
     env.fake.reset_calls()
     await env.register("x2", cwd="/work/extensions", name="one", pid=21)
     env.services.display.cancel()  # what the leader's teardown does on stop
-    await asyncio.sleep(0.4)  # past the window: the cancelled one-shot must not fire
-    assert env.services.display.passes == 0 and edits(env) == []
+    await jobs.fast_forward()  # past the window: whatever was still scheduled has run and finished
+    assert env.services.display.passes == 0 and edits(env) == []  # the cancelled one-shot did not fire
 
 
 async def test_case48_partial_progress_is_kept_and_retry_edits_only_the_rest(titled: LeaderEnv):
@@ -106,17 +101,21 @@ async def test_case56_failed_start_cancels_stabilization_and_scheduling_resumes(
     assert env.services.display.passes == 0
     env.services.display.cancel()  # polling failed to start
     assert env.services.display.startup.settled
+    jobs = JobQueueControl(env.app.job_queue)
     env.services.display.schedule()
-    await until(lambda: env.services.display.passes == 1, what="scheduled pass after a cancelled start")
+    await jobs.fast_forward()  # the debounce expires
+    assert env.services.display.passes == 1  # the scheduled pass after a cancelled start
 
 
 async def test_burst_of_registrations_is_one_debounced_pass(titled: LeaderEnv):
     env = titled
     env.display_debounce_s = 0.3
     await env.start()
+    jobs = JobQueueControl(env.app.job_queue)
+    jobs.hold()  # the whole burst lands inside one debounce window, however slow registration is
     env.fake.reset_calls()
     results = [await env.register(f"w{i}", cwd="/work/burst", name=f"n{i}", pid=100 + i) for i in range(10)]
-    await until(lambda: env.services.display.passes >= 1, what="debounced pass")
+    await jobs.fast_forward()  # the debounce expires
     per_topic: dict[int, int] = {}
     for thread, _ in edits(env):
         per_topic[thread] = per_topic.get(thread, 0) + 1

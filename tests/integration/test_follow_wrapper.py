@@ -13,6 +13,7 @@ import pytest
 
 from topicbus.follower.follow import EXIT_REFUSED, EXIT_SUPERSEDED, run_follow
 from tests.fakeleader import FakeLeader
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,34 +67,34 @@ def texts_containing(leader: FakeLeader, needle: str) -> list[str]:
 async def test_deliveries_output_and_exit_code(leader: FakeLeader, tmp_path: Path) -> None:
     task = follow(leader, CHILD, cwd=str(tmp_path), name="worker", session="s-1")
     try:
-        await leader.wait_for(lambda: leader.registered_now, what="registration")
+        await wait_until(lambda: leader.registered_now, timeout=5, message="registration")
         reg = leader.registrations[0]
         assert reg["cwd"] == str(tmp_path) and reg["name"] == "worker" and reg["sessionId"] == "s-1"
         assert reg["pid"] != os.getpid()
-        await leader.wait_for(lambda: texts_containing(leader, "ready"), what="child start output")
+        await wait_until(lambda: texts_containing(leader, "ready"), timeout=5, message="child start output")
 
         await leader.deliver("pid")
-        found = await leader.wait_for(lambda: texts_containing(leader, "pid:"), what="pid output")
+        found = await wait_until(lambda: texts_containing(leader, "pid:"), timeout=5, message="pid output")
         assert found == [f"pid:{reg['pid']}"]  # the identity's pid is the child's
         assert reg["processBirthId"].startswith(f"{reg['pid']}:")
 
         await leader.deliver("hello\nworld\r\nagain")
-        await leader.wait_for(lambda: texts_containing(leader, "echo:hello"), what="echo")
+        await wait_until(lambda: texts_containing(leader, "echo:hello"), timeout=5, message="echo")
         assert texts_containing(leader, "echo:hello") == ["echo:hello world again"]
 
         await leader.deliver(None, caption="a caption", document={"fileName": "f.txt"})
         await leader.deliver(None, document={"fileName": "f.txt"})
-        await leader.wait_for(lambda: texts_containing(leader, "echo:[document"), what="document line")
+        await wait_until(lambda: texts_containing(leader, "echo:[document"), timeout=5, message="document line")
         assert texts_containing(leader, "echo:a caption")
 
         await leader.deliver("uni")
-        await leader.wait_for(lambda: texts_containing(leader, "uni:"), what="multi-byte output")
+        await wait_until(lambda: texts_containing(leader, "uni:"), timeout=5, message="multi-byte output")
         assert texts_containing(leader, "uni:") == ["uni:\u00e9\U0001f4a1"]
 
         before = len(leader.sent_texts())
         await leader.deliver("big")
-        await leader.wait_for(lambda: sum(t.count("x") for t in leader.sent_texts()[before:]) >= 10_000,
-                              what="big output")
+        await wait_until(lambda: sum(t.count("x") for t in leader.sent_texts()[before:]) >= 10_000,
+                         timeout=5, message="big output")
         big = leader.sent_texts()[before:]
         assert len(big) >= 3 and all(len(t) <= 4096 for t in big)
         assert "".join(big) == "x" * 10_000
@@ -133,7 +134,7 @@ async def test_wrong_secret_terminates_child_with_78(leader: FakeLeader) -> None
 async def test_superseded_terminates_child_with_75(leader: FakeLeader) -> None:
     task = follow(leader, SLEEPER)
     try:
-        await leader.wait_for(lambda: leader.registered_now, what="registration")
+        await wait_until(lambda: leader.registered_now, timeout=5, message="registration")
         await leader.supersede()
         code = await asyncio.wait_for(task, 10)
     finally:
@@ -154,9 +155,9 @@ async def test_sigterm_is_forwarded_to_the_child(leader: FakeLeader) -> None:
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", wrapper, leader.url, leader.secret, CHILD,
                                                 cwd=str(ROOT), env=env, stderr=asyncio.subprocess.DEVNULL)
     try:
-        await leader.wait_for(lambda: leader.registered_now, timeout=15, what="registration")
+        await wait_until(lambda: leader.registered_now, timeout=15, message="registration")
         await leader.deliver("hi")
-        await leader.wait_for(lambda: texts_containing(leader, "echo:hi"), what="echo")
+        await wait_until(lambda: texts_containing(leader, "echo:hi"), timeout=5, message="echo")
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 10)
     finally:

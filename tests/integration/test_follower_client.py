@@ -18,6 +18,8 @@ from topicbus.follower.client import (
     FollowerSuperseded,
 )
 from tests.fakeleader import FakeLeader
+from tests.support.follower_tasks import closed_for_good, connection_loop_ended
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -240,7 +242,7 @@ async def test_incompatible_protocol_is_refused(leader: FakeLeader) -> None:
         with pytest.raises(FollowerRefused) as info:
             await client.wait_registered(timeout=5)
         assert info.value.code == "incompatible-protocol"
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: connection_loop_ended(client), timeout=5, message="the connection loop to end")
         assert len(leader.registrations) == 1
 
 
@@ -256,7 +258,7 @@ async def test_superseded_stops_without_reconnecting(leader: FakeLeader) -> None
         with pytest.raises(FollowerSuperseded):
             await client.send_text("late")
         attempts = leader.upgrade_attempts
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: connection_loop_ended(client), timeout=5, message="the connection loop to end")
         assert leader.upgrade_attempts == attempts == 1
         assert len(leader.registrations) == 1
     assert leader.disconnects == []
@@ -267,7 +269,7 @@ async def test_wrong_secret_is_refused(leader: FakeLeader) -> None:
         with pytest.raises(FollowerRefused) as info:
             await client.wait_registered(timeout=5)
         assert info.value.code == "unauthorized"
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: connection_loop_ended(client), timeout=5, message="the connection loop to end")
         assert leader.upgrade_attempts == 1
 
 
@@ -297,7 +299,7 @@ async def test_close_sends_disconnect_and_is_idempotent(leader: FakeLeader) -> N
     assert d["registrationGeneration"] == leader.registrations[0]["registrationGeneration"]
     assert client.instance_id not in leader.live
     count = len(leader.frames)
-    await asyncio.sleep(0.15)
+    await wait_until(lambda: closed_for_good(client, leader), timeout=5, message="the client gone for good")
     assert len(leader.frames) == count  # nothing after close: no heartbeat, no re-registration
     with pytest.raises(FollowerClosed):
         await client.send_text("after close")

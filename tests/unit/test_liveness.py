@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +20,7 @@ from topicbus.host import (
     process_birth_id,
     process_start_ticks,
 )
+from tests.support.waiting import wait_until
 
 HOST = current_host_id()
 
@@ -51,12 +51,9 @@ def _state(pid: int) -> str:
         return fh.read().rpartition(")")[2].split()[0]
 
 
-def _wait_for_state(pid: int, wanted: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _state(pid) != wanted:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"pid {pid} never reached state {wanted!r} (now {_state(pid)!r})")
-        time.sleep(0.01)
+async def _wait_for_state(pid: int, wanted: str, timeout: float = 5.0) -> None:
+    await wait_until(lambda: _state(pid) == wanted, timeout=timeout,
+                     message=lambda: f"pid {pid} in state {wanted!r} (now {_state(pid)!r})")
 
 
 # --- identity --------------------------------------------------------------------------------
@@ -119,19 +116,19 @@ def test_live_process_is_alive_then_dead_after_sigkill(sleeper):
     assert port.probe(proc.pid, birth, HOST) is Liveness.DEAD
 
 
-def test_zombie_is_dead(sleeper):
+async def test_zombie_is_dead(sleeper):
     proc = sleeper()
     birth = process_birth_id(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
-    _wait_for_state(proc.pid, "Z")  # exited, not yet reaped: /proc/<pid> still exists
+    await _wait_for_state(proc.pid, "Z")  # exited, not yet reaped: /proc/<pid> still exists
     assert ProcessLiveness(HOST).probe(proc.pid, birth, HOST) is Liveness.DEAD
 
 
-def test_stopped_process_is_alive(sleeper):
+async def test_stopped_process_is_alive(sleeper):
     proc = sleeper()
     birth = process_birth_id(proc.pid)
     os.kill(proc.pid, signal.SIGSTOP)
-    _wait_for_state(proc.pid, "T")
+    await _wait_for_state(proc.pid, "T")
     assert ProcessLiveness(HOST).probe(proc.pid, birth, HOST) is Liveness.ALIVE
     # cleanup (SIGCONT + kill) happens in the fixture
 

@@ -8,16 +8,26 @@ import pytest
 
 from topicbus.core.mutations import FollowerMutationQueue, follower_mutation_key
 from topicbus.core.registry import FollowerRecord
+from tests.support.waiting import wait_until
 
 
 def rec(instance_id: str, profile_key: str | None = None) -> FollowerRecord:
     return FollowerRecord(instance_id=instance_id, registration_generation="g", profile_key=profile_key)
 
 
-async def settle() -> None:
-    """Let every ready task run until nothing more can progress (no wall-clock wait)."""
-    for _ in range(20):
-        await asyncio.sleep(0)
+async def overtaken(queue: FollowerMutationQueue) -> None:
+    """Barrier: an operation on an unrelated key, queued after every task created so far, has finished.
+
+    asyncio starts tasks in creation order, so by then each earlier task has run up to its first
+    suspension: its operation is either running or waiting in the queue, and an operation that the
+    queue wrongly let through would already have started."""
+    ran: list[str] = []
+
+    async def mark() -> None:
+        ran.append("barrier")
+
+    await asyncio.create_task(queue.run("barrier:unrelated-key", mark))
+    assert ran == ["barrier"]  # an unrelated key is never held up
 
 
 def test_key_uses_profile_key_else_instance_id() -> None:
@@ -40,12 +50,12 @@ async def test_same_key_runs_strictly_in_arrival_order() -> None:
         return run
 
     tasks = [asyncio.create_task(queue.run("k", op(name))) for name in ("a", "b", "c")]
-    await settle()
+    await overtaken(queue)
     assert log == ["start:a"]
     # Release out of order: b and c finish their bodies only after starting in turn.
     gates["c"].set()
     gates["b"].set()
-    await settle()
+    await overtaken(queue)
     assert log == ["start:a"]
     gates["a"].set()
     assert await asyncio.gather(*tasks) == ["a", "b", "c"]
@@ -69,7 +79,7 @@ async def test_failure_does_not_block_later_operations() -> None:
 
     first = asyncio.create_task(queue.run(rec("a", "p"), failing))
     second = asyncio.create_task(queue.run(rec("b", "p"), later))  # same profile key
-    await settle()
+    await overtaken(queue)
     assert log == []
     release.set()
     with pytest.raises(RuntimeError, match="boom"):
@@ -81,9 +91,10 @@ async def test_failure_does_not_block_later_operations() -> None:
 
 async def test_different_keys_run_concurrently() -> None:
     queue = FollowerMutationQueue()
-    hold = asyncio.Event()
+    entered, hold = asyncio.Event(), asyncio.Event()
 
     async def held() -> str:
+        entered.set()
         await hold.wait()
         return "held"
 
@@ -91,7 +102,7 @@ async def test_different_keys_run_concurrently() -> None:
         return "quick"
 
     blocked = asyncio.create_task(queue.run(rec("a"), held))
-    await settle()
+    await wait_until(entered.is_set, timeout=5, message="the held operation running")
     assert queue.is_busy(rec("a"))
     assert await queue.run(rec("b"), quick) == "quick"
     assert not blocked.done()
@@ -116,9 +127,10 @@ async def test_cancelled_waiter_neither_jumps_ahead_nor_leaks_its_key() -> None:
     running = asyncio.create_task(queue.run("k", first))
     waiting = asyncio.create_task(queue.run("k", lambda: named("cancelled")))
     last = asyncio.create_task(queue.run("k", lambda: named("last")))
-    await settle()
+    await overtaken(queue)  # "cancelled" and "last" are waiting behind "first"
     waiting.cancel()
-    await settle()
+    await asyncio.wait([waiting])  # the cancellation has been processed
+    await overtaken(queue)
     assert log == ["first-start"]
     hold.set()
     await asyncio.gather(running, last)
