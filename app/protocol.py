@@ -100,8 +100,10 @@ class Registration(_Strict):
     protocol: ProtocolIdentity | None = None
 
 
-class Fenced(_Strict):
-    """A generation-fenced follower request (heartbeat, disconnect)."""
+class FollowerRequest(_Strict):
+    """A follower request bound to one registration generation (heartbeat, disconnect; send adds a message).
+
+    The leader serves it only while ``registrationGeneration`` is the live one of ``instanceId``."""
 
     request_id: Id = Field(alias="requestId")
     instance_id: Id = Field(alias="instanceId")
@@ -141,7 +143,7 @@ class DocumentMessage(_Strict):
 OutboundMessage = Annotated[TextMessage | ChatActionMessage | DocumentMessage, Field(discriminator="type")]
 
 
-class SendRequest(Fenced):
+class SendRequest(FollowerRequest):
     message: OutboundMessage
     chat_id: int | None = Field(default=None, alias="chatId")
     thread_id: int | None = Field(default=None, alias="threadId")
@@ -154,8 +156,8 @@ class Receipt(_Strict):
 
 _MODELS: dict[str, type[_Strict]] = {
     Kind.REGISTER: Registration,
-    Kind.HEARTBEAT: Fenced,
-    Kind.DISCONNECT: Fenced,
+    Kind.HEARTBEAT: FollowerRequest,
+    Kind.DISCONNECT: FollowerRequest,
     Kind.SEND: SendRequest,
     Kind.ACK: Receipt,
 }

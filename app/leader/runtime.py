@@ -25,7 +25,7 @@ from topicbus.host import Liveness, LivenessPort
 from topicbus.logsetup import EventJournal
 from topicbus.core.mutations import FollowerMutationQueue
 from topicbus.leader.outbound import OutboundSender
-from topicbus.protocol import (CAP_DISPLAY_TITLE, ErrorCode, Fenced, Kind, ProtocolError, Registration, SendRequest,
+from topicbus.protocol import (CAP_DISPLAY_TITLE, ErrorCode, FollowerRequest, Kind, ProtocolError, Registration, SendRequest,
                           check_compatibility)
 from topicbus.leader.provisioning import ProvisionRequest, SlotUnavailable, TopicCreationFailed, TopicProvisioner
 from topicbus.core.pruning import FollowerPruner
@@ -242,7 +242,7 @@ class LeaderRuntime:
             pass
         self._spawn(conn.close(4001, "superseded"))
 
-    def _fenced(self, req: Fenced) -> FollowerRecord:
+    def _fenced(self, req: FollowerRequest) -> FollowerRecord:
         entry = self.registry.get(req.instance_id)
         if entry is None:
             raise ProtocolError(ErrorCode.UNKNOWN_INSTANCE, "Unknown bus follower instance.")
@@ -250,7 +250,7 @@ class LeaderRuntime:
             raise ProtocolError(ErrorCode.STALE_GENERATION, "Stale bus follower registration generation.")
         return entry
 
-    async def heartbeat(self, req: Fenced) -> dict[str, Any]:
+    async def heartbeat(self, req: FollowerRequest) -> dict[str, Any]:
         entry = self._fenced(req)
         self.registry.heartbeat(entry.instance_id, self.clock.now_ms())
         return {"displayTitle": await self.display_title(entry.binding_key or "")}
@@ -268,7 +268,7 @@ class LeaderRuntime:
         """Every writer of a binding's title calls this (registration, reconciler, rename)."""
         self._titles.pop(binding_key, None)
 
-    async def disconnect(self, req: Fenced) -> dict[str, Any]:
+    async def disconnect(self, req: FollowerRequest) -> dict[str, Any]:
         entry = self._fenced(req)
 
         async def op() -> dict[str, Any]:
