@@ -95,6 +95,8 @@ Model = TypeVar("Model", bound=_Strict)
 
 
 class ProtocolIdentity(_Strict):
+    """A follower's ``protocol`` field, as the leader accepts it (at most 32 capabilities)."""
+
     version: int
     build: ShortText
     capabilities: Annotated[list[Annotated[str, StringConstraints(min_length=1, max_length=128)]], Field(max_length=32)] = []
@@ -184,6 +186,15 @@ class Receipt(_Strict):
 # ---- leader → follower ----------------------------------------------------------------------
 
 
+class LeaderIdentity(_Strict):
+    """The leader's ``protocol`` field in registration answers, as followers read it: unbounded in
+    count, so that a later leader may advertise more capabilities than this version knows."""
+
+    version: int
+    build: str
+    capabilities: list[str] = []
+
+
 class AckError(_Strict):
     code: str
     message: str = ""
@@ -196,7 +207,7 @@ class Ack(_Strict):
     ok: bool
     result: dict[str, Any] | None = None
     error: AckError | None = None
-    protocol: ProtocolIdentity | None = None  # on registration answers: the leader's identity
+    protocol: LeaderIdentity | None = None  # on registration answers
 
     @property
     def error_code(self) -> str:
@@ -392,22 +403,22 @@ def register_frame(request_id: str, instance_id: str, generation: str, *, protoc
     return frame
 
 
-def heartbeat_frame(request_id: str, instance_id: str, generation: str) -> dict[str, Any]:
+def heartbeat_frame(request_id: str, instance_id: str, generation: str | None) -> dict[str, Any]:
     return _generation_bound(Kind.HEARTBEAT, request_id, instance_id, generation)
 
 
-def disconnect_frame(request_id: str, instance_id: str, generation: str) -> dict[str, Any]:
+def disconnect_frame(request_id: str, instance_id: str, generation: str | None) -> dict[str, Any]:
     return _generation_bound(Kind.DISCONNECT, request_id, instance_id, generation)
 
 
-def send_frame(request_id: str, instance_id: str, generation: str, message: Mapping[str, Any]) -> dict[str, Any]:
+def send_frame(request_id: str, instance_id: str, generation: str | None, message: Mapping[str, Any]) -> dict[str, Any]:
     """``follower.send`` of one ``message`` (see :func:`text_message` and the others)."""
     frame = _generation_bound(Kind.SEND, request_id, instance_id, generation)
     frame["message"] = dict(message)
     return frame
 
 
-def _generation_bound(kind: Kind, request_id: str, instance_id: str, generation: str) -> dict[str, Any]:
+def _generation_bound(kind: Kind, request_id: str, instance_id: str, generation: str | None) -> dict[str, Any]:
     return {"kind": kind.value, "requestId": request_id, "instanceId": instance_id,
             "registrationGeneration": generation}
 
