@@ -211,18 +211,11 @@ async def test_send_text_splits_long_text_and_other_kinds(leader: FakeLeader) ->
 async def test_foreign_target_raises(leader: FakeLeader) -> None:
     async with make_client(leader) as client:
         await client.wait_registered(timeout=5)
-        original = leader._answer
-
-        def refuse(conn, frame):
-            if frame.get("kind") == "follower.send":
-                return {"kind": "bus.ack", "requestId": frame["requestId"], "ok": False,
-                        "error": {"code": "foreign-target", "message": "not yours"}}
-            return original(conn, frame)
-
-        leader._answer = refuse  # type: ignore[method-assign]
+        leader.send_errors = ["foreign-target"]
         with pytest.raises(FollowerSendError) as info:
             await client.send_text("x")
         assert info.value.code == "foreign-target"
+        assert len(leader.sends) == 1 and leader.outbox_items == []
 
 
 async def test_registration_errors_are_retried(leader: FakeLeader) -> None:
