@@ -413,6 +413,17 @@ class FollowerClient:
                 raise FollowerClosed("the follower client is closed")
             await changed.wait()
 
+    async def wait_stopped(self, timeout: float | None = None) -> None:
+        """Wait until the connection to the leader has ended for good, after :meth:`close` or a
+        terminal failure: from then on the client opens no socket and sends nothing.
+        Raises ``TimeoutError`` when it is still running after ``timeout`` seconds."""
+        task = self._main_task
+        if task is None:
+            return  # never started
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            raise TimeoutError("the follower client is still running")
+
     async def close(self) -> None:
         """Disconnect gracefully (best effort, bounded), stop every task, close the socket. Idempotent."""
         if self._close_started:
