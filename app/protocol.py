@@ -83,6 +83,7 @@ class ProtocolError(Exception):
 
 Id = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Text = Annotated[str, StringConstraints(max_length=MAX_FRAME_BYTES)]  # valid Unicode: lone surrogates refused
 
 
 class _Strict(BaseModel):
@@ -191,19 +192,19 @@ class LeaderIdentity(_Strict):
     count, so that a later leader may advertise more capabilities than this version knows."""
 
     version: int
-    build: str
-    capabilities: list[str] = []
+    build: Text
+    capabilities: list[Text] = []
 
 
 class AckError(_Strict):
-    code: str
-    message: str = ""
+    code: Text
+    message: Text = ""
 
 
 class Ack(_Strict):
     """``bus.ack``: the leader's one answer to a request."""
 
-    request_id: str = Field(alias="requestId")
+    request_id: Text = Field(alias="requestId")
     ok: bool
     result: dict[str, Any] | None = None
     error: AckError | None = None
@@ -230,13 +231,13 @@ class RegistrationResult(_Strict):
 
     chat_id: int = Field(alias="chatId")
     thread_id: int = Field(alias="threadId")
-    slot: str
-    display_title: str = Field(default="", alias="displayTitle")
-    binding_key: str = Field(default="", alias="bindingKey")
+    slot: Text
+    display_title: Text = Field(default="", alias="displayTitle")
+    binding_key: Text = Field(default="", alias="bindingKey")
 
 
 class HeartbeatResult(_Strict):
-    display_title: str | None = Field(default=None, alias="displayTitle")
+    display_title: Text | None = Field(default=None, alias="displayTitle")
 
 
 class SendResult(_Strict):
@@ -246,9 +247,9 @@ class SendResult(_Strict):
 class DocumentRef(_Strict):
     """A routed owner document; the bytes are at ``GET /v1/files/<fileId>``."""
 
-    file_id: str | None = Field(default=None, alias="fileId")
-    file_name: str | None = Field(default=None, alias="fileName")
-    mime_type: str | None = Field(default=None, alias="mimeType")
+    file_id: Text | None = Field(default=None, alias="fileId")
+    file_name: Text | None = Field(default=None, alias="fileName")
+    mime_type: Text | None = Field(default=None, alias="mimeType")
     file_size: int | None = Field(default=None, alias="fileSize")
 
 
@@ -256,11 +257,11 @@ class MessageItem(_Strict):
     """Delivery type ``message``: one owner message (every follower receives these)."""
 
     type: Literal["message"]
-    text: str | None = None
-    caption: str | None = None
+    text: Text | None = None
+    caption: Text | None = None
     message_id: int | None = Field(default=None, alias="messageId")
     from_user_id: int | None = Field(default=None, alias="fromUserId")
-    from_name: str | None = Field(default=None, alias="fromName")
+    from_name: Text | None = Field(default=None, alias="fromName")
     date: int | None = None
     document: DocumentRef | None = None
 
@@ -274,8 +275,8 @@ class Deliver(_Strict):
 
     request_id: Id = Field(alias="requestId")
     delivery_id: Id | None = Field(default=None, alias="deliveryId")
-    instance_id: str | None = Field(default=None, alias="instanceId")
-    registration_generation: str | None = Field(default=None, alias="registrationGeneration")
+    instance_id: Text | None = Field(default=None, alias="instanceId")
+    registration_generation: Text | None = Field(default=None, alias="registrationGeneration")
     item: DeliveryItem
 
     @property
@@ -287,9 +288,9 @@ class Deliver(_Strict):
 class Superseded(_Strict):
     """``leader.superseded``: a newer registration took this workspace identity over."""
 
-    request_id: str | None = Field(default=None, alias="requestId")
-    instance_id: str | None = Field(default=None, alias="instanceId")
-    reason: str | None = None
+    request_id: Text | None = Field(default=None, alias="requestId")
+    instance_id: Text | None = Field(default=None, alias="instanceId")
+    reason: Text | None = None
 
 
 LeaderFrame = Ack | Deliver | Superseded
