@@ -1,7 +1,21 @@
-"""Bus protocol v1: envelope kinds, validation and builders shared by leader and followers.
+"""Bus protocol v1, defined once: envelope kinds, the models of both directions, builders, capabilities.
 
-`docs/protocol.md` is the human contract; this module is its single implementation. Parsing never
-raises anything but :class:`ProtocolError`, whose message names the field but never echoes input.
+`docs/protocol.md` is the human contract; this module is its single implementation, used by the
+leader's bus server, the follower client and the tests' fake leader:
+
+* follower → leader: built with :func:`register_frame`, :func:`heartbeat_frame`,
+  :func:`disconnect_frame`, :func:`send_frame` (messages from :func:`text_message`,
+  :func:`chat_action_message`, :func:`document_message`) and :func:`receipt_frame`; decoded by the
+  leader with :func:`decode_frame`;
+* leader → follower: built with :func:`ack`, :func:`error_ack`, :func:`deliver_frame` (items from
+  :func:`message_item`) and :func:`superseded_frame`; decoded by followers with
+  :func:`decode_leader_frame`;
+* :class:`Capabilities`: what each side may send the other (SPEC §9.1); defined with the capability
+  names in :mod:`topicbus.capabilities` and re-exported here.
+
+Both directions ignore fields they do not know (a newer peer may add some) and are strict on the
+types of the fields they know. Parsing never raises anything but :class:`ProtocolError`, whose
+message names the field but never echoes input.
 """
 
 from __future__ import annotations
@@ -9,10 +23,18 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from topicbus.capabilities import (  # noqa: F401 - re-exported: the protocol is defined in one place
+    CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT, CAP_FORMAT, CAP_MEDIA, CAP_SEND,
+    DELIVERY_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES, LEADER_CAPABILITIES, MESSAGE_ITEM,
+    REQUIRED_FOLLOWER_CAPABILITIES, SEND_BASE_FIELDS, SEND_FIELD_CAPABILITIES, UNSUPPORTED_BY_LEADER, Capabilities,
+    may_deliver,
+)
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
@@ -22,11 +44,6 @@ BUS_PATH = "/v1/bus"
 FILES_PATH = "/v1/files"  # GET /v1/files/<fileId>: a routed owner document (Bearer secret)
 MAX_PID = 2**31 - 1  # pid_t is a signed 32-bit integer on every POSIX system we run on
 MAX_ERROR_DETAIL_CHARS = 160
-CAP_DELIVER = "deliver-v1"
-CAP_SEND = "send-v1"
-CAP_DISPLAY_TITLE = "display-title-v1"  # the follower takes title changes from acks (display modes)
-LEADER_CAPABILITIES = (CAP_DELIVER, CAP_SEND)
-REQUIRED_FOLLOWER_CAPABILITIES = frozenset({CAP_DELIVER})
 
 
 class Kind(StrEnum):
@@ -56,7 +73,7 @@ class ErrorCode(StrEnum):
 
 
 class ProtocolError(Exception):
-    """A request that cannot be served; becomes an error ack with ``code``."""
+    """A frame that cannot be served; on the leader it becomes an error ack with ``code``."""
 
     def __init__(self, code: ErrorCode, message: str):
         super().__init__(message)
@@ -66,16 +83,27 @@ class ProtocolError(Exception):
 
 Id = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Text = Annotated[str, StringConstraints(max_length=MAX_FRAME_BYTES)]  # valid Unicode: lone surrogates refused
 
 
 class _Strict(BaseModel):
+    """Strict about the types of known fields, silent about unknown ones (forward compatibility)."""
+
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
 
 
+Model = TypeVar("Model", bound=_Strict)
+
+
 class ProtocolIdentity(_Strict):
+    """A follower's ``protocol`` field, as the leader accepts it (at most 32 capabilities)."""
+
     version: int
     build: ShortText
     capabilities: Annotated[list[Annotated[str, StringConstraints(min_length=1, max_length=128)]], Field(max_length=32)] = []
+
+
+# ---- follower → leader ----------------------------------------------------------------------
 
 
 class TargetRef(_Strict):
@@ -101,7 +129,9 @@ class Registration(_Strict):
 
 
 class FollowerRequest(_Strict):
-    """A follower request bound to its exact registration generation (heartbeat, disconnect, send)."""
+    """A follower request bound to one registration generation (heartbeat, disconnect; send adds a message).
+
+    The leader serves it only while ``registrationGeneration`` is the live one of ``instanceId``."""
 
     request_id: Id = Field(alias="requestId")
     instance_id: Id = Field(alias="instanceId")
@@ -148,9 +178,124 @@ class SendRequest(FollowerRequest):
 
 
 class Receipt(_Strict):
+    """The follower's ``bus.ack`` for one ``leader.deliver`` (``requestId`` is the deliveryId)."""
+
     request_id: Id = Field(alias="requestId")
     ok: bool = True
 
+
+# ---- leader → follower ----------------------------------------------------------------------
+
+
+class LeaderIdentity(_Strict):
+    """The leader's ``protocol`` field in registration answers, as followers read it: unbounded in
+    count, so that a later leader may advertise more capabilities than this version knows."""
+
+    version: int
+    build: Text
+    capabilities: list[Text] = []
+
+
+class AckError(_Strict):
+    code: Text
+    message: Text = ""
+
+
+class Ack(_Strict):
+    """``bus.ack``: the leader's one answer to a request."""
+
+    request_id: Text = Field(alias="requestId")
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: AckError | None = None
+    protocol: LeaderIdentity | None = None  # on registration answers
+
+    @property
+    def error_code(self) -> str:
+        return self.error.code if self.error is not None else "unknown"
+
+    @property
+    def error_message(self) -> str:
+        return self.error.message if self.error is not None else ""
+
+    def result_as(self, model: type[Model]) -> Model | None:
+        """The result read as ``model`` (a missing result reads as ``{}``); None when it does not fit."""
+        try:
+            return model.model_validate(self.result or {})
+        except ValidationError:
+            return None
+
+
+class RegistrationResult(_Strict):
+    """The target assigned by ``follower.register``."""
+
+    chat_id: int = Field(alias="chatId")
+    thread_id: int = Field(alias="threadId")
+    slot: Text
+    display_title: Text = Field(default="", alias="displayTitle")
+    binding_key: Text = Field(default="", alias="bindingKey")
+
+
+class HeartbeatResult(_Strict):
+    display_title: Text | None = Field(default=None, alias="displayTitle")
+
+
+class SendResult(_Strict):
+    outbox_id: int | None = Field(default=None, alias="outboxId")
+
+
+class DocumentRef(_Strict):
+    """A routed owner document; the bytes are at ``GET /v1/files/<fileId>``."""
+
+    file_id: Text | None = Field(default=None, alias="fileId")
+    file_name: Text | None = Field(default=None, alias="fileName")
+    mime_type: Text | None = Field(default=None, alias="mimeType")
+    file_size: int | None = Field(default=None, alias="fileSize")
+
+
+class MessageItem(_Strict):
+    """Delivery type ``message``: one owner message (every follower receives these)."""
+
+    type: Literal["message"]
+    text: Text | None = None
+    caption: Text | None = None
+    message_id: int | None = Field(default=None, alias="messageId")
+    from_user_id: int | None = Field(default=None, alias="fromUserId")
+    from_name: Text | None = Field(default=None, alias="fromName")
+    date: int | None = None
+    document: DocumentRef | None = None
+
+
+# Later delivery types join this union; each has its capability in DELIVERY_CAPABILITIES.
+DeliveryItem = Annotated[Union[MessageItem], Field(discriminator="type")]  # noqa: UP007
+
+
+class Deliver(_Strict):
+    """``leader.deliver``: one routed inbound item, acknowledged with a receipt."""
+
+    request_id: Id = Field(alias="requestId")
+    delivery_id: Id | None = Field(default=None, alias="deliveryId")
+    instance_id: Text | None = Field(default=None, alias="instanceId")
+    registration_generation: Text | None = Field(default=None, alias="registrationGeneration")
+    item: DeliveryItem
+
+    @property
+    def id(self) -> str:
+        """The id the receipt carries: ``deliveryId``, else the ``requestId``."""
+        return self.delivery_id or self.request_id
+
+
+class Superseded(_Strict):
+    """``leader.superseded``: a newer registration took this workspace identity over."""
+
+    request_id: Text | None = Field(default=None, alias="requestId")
+    instance_id: Text | None = Field(default=None, alias="instanceId")
+    reason: Text | None = None
+
+
+LeaderFrame = Ack | Deliver | Superseded
+
+# ---- decoding -------------------------------------------------------------------------------
 
 _MODELS: dict[str, type[_Strict]] = {
     Kind.REGISTER: Registration,
@@ -159,10 +304,21 @@ _MODELS: dict[str, type[_Strict]] = {
     Kind.SEND: SendRequest,
     Kind.ACK: Receipt,
 }
+_LEADER_MODELS: dict[str, type[_Strict]] = {Kind.ACK: Ack, Kind.DELIVER: Deliver, Kind.SUPERSEDED: Superseded}
 
 
 def decode_frame(text: str) -> tuple[Kind, Any, dict[str, Any]]:
-    """Parse one text frame into ``(kind, model, raw)``; raise :class:`ProtocolError` when invalid."""
+    """Leader side: parse one follower frame into ``(kind, model, raw)``; :class:`ProtocolError` when invalid."""
+    return _decode(text, _MODELS)
+
+
+def decode_leader_frame(text: str) -> LeaderFrame:
+    """Follower side: parse one leader frame (:class:`Ack`, :class:`Deliver` or :class:`Superseded`);
+    :class:`ProtocolError` when invalid (``unknown-kind`` for a kind this version does not know)."""
+    return _decode(text, _LEADER_MODELS)[1]
+
+
+def _decode(text: str, models: dict[str, type[_Strict]]) -> tuple[Kind, Any, dict[str, Any]]:
     try:
         raw = json.loads(text)
     except (ValueError, RecursionError):
@@ -172,7 +328,7 @@ def decode_frame(text: str) -> tuple[Kind, Any, dict[str, Any]]:
     kind = raw.get("kind")
     if not isinstance(kind, str):
         raise ProtocolError(ErrorCode.INVALID_ENVELOPE, "Field 'kind' must be a string.")
-    model = _MODELS.get(kind)
+    model = models.get(kind)
     if model is None:
         raise ProtocolError(ErrorCode.UNKNOWN_KIND, f"Unknown envelope kind {kind[:64]!r}.")
     try:
@@ -223,12 +379,69 @@ def check_compatibility(identity: ProtocolIdentity | None) -> str | None:
     return None
 
 
-def leader_identity(build: str) -> dict[str, Any]:
-    return {"version": PROTOCOL_VERSION, "build": build, "capabilities": sorted(LEADER_CAPABILITIES)}
+# ---- builders -------------------------------------------------------------------------------
 
 
-def follower_identity(build: str) -> dict[str, Any]:
-    return {"version": PROTOCOL_VERSION, "build": build, "capabilities": sorted({CAP_DELIVER, CAP_DISPLAY_TITLE})}
+def leader_identity(build: str, capabilities: Iterable[str] = LEADER_CAPABILITIES) -> dict[str, Any]:
+    return {"version": PROTOCOL_VERSION, "build": build, "capabilities": sorted(set(capabilities))}
+
+
+def follower_identity(build: str, capabilities: Capabilities | None = None) -> dict[str, Any]:
+    """A follower's ``protocol`` field; by default it receives ``message`` deliveries only."""
+    names = (capabilities or Capabilities.for_follower()).as_list()
+    return {"version": PROTOCOL_VERSION, "build": build, "capabilities": names}
+
+
+def register_frame(request_id: str, instance_id: str, generation: str, *, protocol: Mapping[str, Any],
+                   pid: int | None = None, process_birth_id: str | None = None, host_id: str | None = None,
+                   cwd: str | None = None, session_id: str | None = None, name: str | None = None,
+                   thread_name: str | None = None) -> dict[str, Any]:
+    """``follower.register``; optional fields that are None are left out."""
+    frame = _generation_bound(Kind.REGISTER, request_id, instance_id, generation)
+    optional = {"pid": pid, "processBirthId": process_birth_id, "hostId": host_id, "protocol": dict(protocol),
+                "cwd": cwd, "sessionId": session_id, "name": name, "threadName": thread_name}
+    frame.update((k, v) for k, v in optional.items() if v is not None)
+    return frame
+
+
+def heartbeat_frame(request_id: str, instance_id: str, generation: str | None) -> dict[str, Any]:
+    return _generation_bound(Kind.HEARTBEAT, request_id, instance_id, generation)
+
+
+def disconnect_frame(request_id: str, instance_id: str, generation: str | None) -> dict[str, Any]:
+    return _generation_bound(Kind.DISCONNECT, request_id, instance_id, generation)
+
+
+def send_frame(request_id: str, instance_id: str, generation: str | None, message: Mapping[str, Any]) -> dict[str, Any]:
+    """``follower.send`` of one ``message`` (see :func:`text_message` and the others)."""
+    frame = _generation_bound(Kind.SEND, request_id, instance_id, generation)
+    frame["message"] = dict(message)
+    return frame
+
+
+def _generation_bound(kind: Kind, request_id: str, instance_id: str, generation: str | None) -> dict[str, Any]:
+    return {"kind": kind.value, "requestId": request_id, "instanceId": instance_id,
+            "registrationGeneration": generation}
+
+
+def text_message(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def chat_action_message(action: str = "typing") -> dict[str, Any]:
+    return {"type": "chatAction", "action": action}
+
+
+def document_message(file_name: str, data: bytes, caption: str | None = None) -> dict[str, Any]:
+    message = {"type": "document", "fileName": file_name, "dataBase64": base64.b64encode(data).decode("ascii")}
+    if caption is not None:
+        message["caption"] = caption
+    return message
+
+
+def receipt_frame(delivery_id: str) -> dict[str, Any]:
+    """The follower's receipt for one ``leader.deliver``."""
+    return {"kind": Kind.ACK.value, "requestId": delivery_id, "ok": True}
 
 
 def ack(request_id: str, result: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
@@ -239,11 +452,27 @@ def ack(request_id: str, result: dict[str, Any] | None = None, **extra: Any) -> 
     return frame
 
 
-def error_ack(request_id: str, code: ErrorCode, message: str, **extra: Any) -> dict[str, Any]:
+def error_ack(request_id: str, code: ErrorCode | str, message: str, **extra: Any) -> dict[str, Any]:
     frame = {"kind": Kind.ACK.value, "requestId": request_id, "ok": False,
-             "error": {"code": code.value, "message": message}}
+             "error": {"code": str(code), "message": message}}
     frame.update(extra)
     return frame
+
+
+def message_item(**fields: Any) -> dict[str, Any]:
+    """A ``message`` delivery item, validated, with every field present (absent ones as null).
+    Fields by their wire names (``text``, ``messageId``, ``fromUserId``, ``document`` …)."""
+    return MessageItem.model_validate({**fields, "type": MESSAGE_ITEM}).model_dump(by_alias=True)
+
+
+def deliver_frame(delivery_id: str, instance_id: str, generation: str, item: Mapping[str, Any]) -> dict[str, Any]:
+    return {"kind": Kind.DELIVER.value, "requestId": delivery_id, "deliveryId": delivery_id,
+            "instanceId": instance_id, "registrationGeneration": generation, "item": dict(item)}
+
+
+def superseded_frame(instance_id: str, reason: str) -> dict[str, Any]:
+    return {"kind": Kind.SUPERSEDED.value, "requestId": f"superseded:{instance_id}", "instanceId": instance_id,
+            "reason": reason}
 
 
 def encode(frame: dict[str, Any]) -> str:

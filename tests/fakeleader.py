@@ -1,24 +1,49 @@
 """A small fake leader bus for follower-side tests (client API and ``topicbus follow``).
 
-It speaks enough of ``docs/protocol.md``: Bearer check (401 before the upgrade, optional 503),
-``follower.register`` / ``heartbeat`` / ``send`` / ``disconnect`` acks with exact-generation fencing,
-idempotent sends per ``(instanceId, requestId)``, and test controls to push ``leader.deliver``, drop
-the socket, answer ``stale-generation``, lose a send's ack, and send ``leader.superseded``.
+It speaks enough of ``docs/protocol.md``, through the one definition in :mod:`topicbus.protocol`:
+every frame it receives is decoded with the leader's own :func:`decode_frame` (a frame the real
+leader would refuse is answered with the same error ack and recorded in ``invalid_frames``, which
+fails the test when the fake stops), and every frame it sends is made by the protocol's builders
+and models. Bearer check (401 before the upgrade, optional 503), ``follower.register`` /
+``heartbeat`` / ``send`` / ``disconnect`` acks with exact-generation fencing, idempotent sends per
+``(instanceId, requestId)``, configurable advertised capabilities, and test controls to push
+``leader.deliver`` (or any raw text frame), drop the socket, answer ``stale-generation``, refuse
+registrations or sends with a given code, lose a send's ack, and send ``leader.superseded``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from topicbus.protocol import BUS_PATH, MAX_FRAME_BYTES, leader_identity
+from topicbus.protocol import (
+    BUS_PATH,
+    LEADER_CAPABILITIES,
+    MAX_FRAME_BYTES,
+    FollowerRequest,
+    HeartbeatResult,
+    Kind,
+    ProtocolError,
+    Registration,
+    RegistrationResult,
+    SendRequest,
+    SendResult,
+    ack,
+    decode_frame,
+    deliver_frame,
+    encode,
+    error_ack,
+    leader_identity,
+    message_item,
+    request_id_of,
+    superseded_frame,
+)
 
 
 @dataclass
@@ -30,8 +55,10 @@ class FakeConnection:
 
 
 class FakeLeader:
-    def __init__(self, secret: str = "bus-secret-for-tests", *, chat_id: int = -1001, thread_id: int = 77):
+    def __init__(self, secret: str = "bus-secret-for-tests", *, chat_id: int = -1001, thread_id: int = 77,
+                 capabilities: Iterable[str] = LEADER_CAPABILITIES):
         self.secret = secret
+        self.capabilities = frozenset(capabilities)  # advertised in registration acks; may be changed
         self.chat_id = chat_id
         self.thread_id = thread_id
         self.url = ""
@@ -40,6 +67,8 @@ class FakeLeader:
         self.mute_heartbeats = False  # never answer heartbeats (a wedged leader)
         self.lose_send_acks = 0  # for the next N sends: store, then drop the socket without acking
         self.register_errors: list[str] = []  # error codes for the next registrations, in order
+        self.send_errors: list[str] = []  # error codes for the next sends, in order (nothing stored)
+        self.invalid_frames: list[str] = []  # "code: message" of frames the real leader would refuse
         self.upgrade_attempts = 0
         self.rejected_upgrades = 0
         self.frames: list[dict[str, Any]] = []  # every frame received, in order
@@ -70,6 +99,7 @@ class FakeLeader:
                 await conn.ws.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        assert not self.invalid_frames, f"the follower sent frames the leader refuses: {self.invalid_frames}"
 
     async def __aenter__(self) -> FakeLeader:
         return await self.start()
@@ -135,17 +165,17 @@ class FakeLeader:
         conn = self.current
         assert conn is not None and conn.instance_id is not None, "no registered follower connected"
         delivery_id = delivery_id or f"d-{next(self._deliveries)}"
-        frame = {
-            "kind": "leader.deliver",
-            "requestId": delivery_id,
-            "deliveryId": delivery_id,
-            "instanceId": conn.instance_id,
-            "registrationGeneration": self.live.get(conn.instance_id),
-            "item": {"type": "message", "text": text, "messageId": 17, "fromUserId": 1, "fromName": "Ada",
-                     "date": 1764474000, "caption": caption, "document": document},
-        }
-        await conn.ws.send_str(json.dumps(frame))
+        item = message_item(text=text, messageId=17, fromUserId=1, fromName="Ada", date=1764474000,
+                            caption=caption, document=document)
+        generation = self.live.get(conn.instance_id, "")
+        await conn.ws.send_str(encode(deliver_frame(delivery_id, conn.instance_id, generation, item)))
         return delivery_id
+
+    async def send_raw(self, text: str) -> None:
+        """Send any text frame on the current socket (malformed or future frames)."""
+        conn = self.current
+        assert conn is not None
+        await conn.ws.send_str(text)
 
     async def drop(self) -> None:
         """Close the current socket (as a crashing/restarting leader would)."""
@@ -156,8 +186,7 @@ class FakeLeader:
     async def supersede(self, reason: str = "a newer registration took this workspace") -> None:
         conn = self.current
         assert conn is not None
-        await conn.ws.send_str(json.dumps({"kind": "leader.superseded", "requestId": "sup-1",
-                                           "instanceId": conn.instance_id, "reason": reason}))
+        await conn.ws.send_str(encode(superseded_frame(conn.instance_id or "", reason)))
         await conn.ws.close()
 
     # ---- the bus ------------------------------------------------------------------------------
@@ -177,64 +206,69 @@ class FakeLeader:
         async for msg in ws:
             if msg.type != WSMsgType.TEXT:
                 continue
-            frame = json.loads(msg.data)
-            frame["_conn"] = conn.index
+            try:
+                kind, model, raw = decode_frame(msg.data)
+            except ProtocolError as exc:  # answered exactly as the real leader would
+                self.invalid_frames.append(f"{exc.code}: {exc.message}")
+                await ws.send_str(encode(error_ack(request_id_of(msg.data), exc.code, exc.message)))
+                continue
+            frame = {**raw, "_conn": conn.index}
             self.frames.append(frame)
             conn.frames.append(frame)
-            reply = self._answer(conn, frame)
+            reply = self._answer(conn, kind, model)
             if reply == "drop":
                 await ws.close()
                 break
             if reply is not None:
-                await ws.send_str(json.dumps(reply))
+                await ws.send_str(encode(reply))
         return ws
 
-    def _answer(self, conn: FakeConnection, frame: dict[str, Any]) -> dict[str, Any] | str | None:
-        kind = frame.get("kind")
-        rid = frame.get("requestId")
-        if kind == "bus.ack":
+    def _answer(self, conn: FakeConnection, kind: Kind, model: Any) -> dict[str, Any] | str | None:
+        if kind is Kind.ACK:
             return None
-        if kind == "follower.register":
-            if self.register_errors:
-                return _error(rid, self.register_errors.pop(0))
-            instance = frame["instanceId"]
-            self.live[instance] = frame["registrationGeneration"]
-            conn.instance_id = instance
-            return {"kind": "bus.ack", "requestId": rid, "ok": True, "protocol": leader_identity("fake-leader/1"),
-                    "result": {"chatId": self.chat_id, "threadId": self.thread_id, "slot": "A",
-                               "displayTitle": "A · fake", "bindingKey": "binding-1"}}
-        fence = self._fence(frame)
+        rid = model.request_id
+        if kind is Kind.REGISTER:
+            return self._register(conn, model)
+        fence = self._fence(model)
         if fence is not None:
-            return _error(rid, fence)
-        if kind == "follower.heartbeat":
+            return error_ack(rid, fence, fence)
+        if kind is Kind.HEARTBEAT:
             if self.mute_heartbeats:
                 return None
             if self.stale_heartbeats > 0:
                 self.stale_heartbeats -= 1
-                return _error(rid, "stale-generation")
-            return {"kind": "bus.ack", "requestId": rid, "ok": True, "result": {"displayTitle": "A · fake"}}
-        if kind == "follower.disconnect":
-            self.live.pop(frame["instanceId"], None)
-            return {"kind": "bus.ack", "requestId": rid, "ok": True, "result": {}}
-        if kind == "follower.send":
-            key = (frame["instanceId"], rid)
-            if key not in self.outbox:
-                self.outbox[key] = next(self._outbox_ids)
-                self.outbox_items.append(frame["message"])
-            if self.lose_send_acks > 0:
-                self.lose_send_acks -= 1
-                return "drop"
-            return {"kind": "bus.ack", "requestId": rid, "ok": True, "result": {"outboxId": self.outbox[key]}}
-        return _error(rid, "unknown-kind")
+                return error_ack(rid, "stale-generation", "stale-generation")
+            return ack(rid, HeartbeatResult(display_title="A · fake").model_dump(by_alias=True))
+        if kind is Kind.DISCONNECT:
+            self.live.pop(model.instance_id, None)
+            return ack(rid, {})
+        assert isinstance(model, SendRequest)
+        if self.send_errors:
+            code = self.send_errors.pop(0)
+            return error_ack(rid, code, code)
+        key = (model.instance_id, rid)
+        if key not in self.outbox:
+            self.outbox[key] = next(self._outbox_ids)
+            self.outbox_items.append(model.message.model_dump(by_alias=True, exclude_none=True))
+        if self.lose_send_acks > 0:
+            self.lose_send_acks -= 1
+            return "drop"
+        return ack(rid, SendResult(outbox_id=self.outbox[key]).model_dump(by_alias=True))
 
-    def _fence(self, frame: dict[str, Any]) -> str | None:
-        instance = frame.get("instanceId")
-        if instance not in self.live:
+    def _register(self, conn: FakeConnection, req: Registration) -> dict[str, Any]:
+        identity = leader_identity("fake-leader/1", self.capabilities)
+        if self.register_errors:
+            code = self.register_errors.pop(0)
+            return error_ack(req.request_id, code, code, protocol=identity)
+        self.live[req.instance_id] = req.registration_generation or ""
+        conn.instance_id = req.instance_id
+        result = RegistrationResult(chat_id=self.chat_id, thread_id=self.thread_id, slot="A",
+                                    display_title="A · fake", binding_key="binding-1")
+        return ack(req.request_id, result.model_dump(by_alias=True), protocol=identity)
+
+    def _fence(self, req: FollowerRequest) -> str | None:
+        if req.instance_id not in self.live:
             return "unknown-instance"
-        if frame.get("registrationGeneration") != self.live[instance]:
+        if req.registration_generation != self.live[req.instance_id]:
             return "stale-generation"
         return None
-
-
-def _error(request_id: Any, code: str) -> dict[str, Any]:
-    return {"kind": "bus.ack", "requestId": request_id, "ok": False, "error": {"code": code, "message": code}}

@@ -9,10 +9,13 @@
   ``stale-generation``; a heartbeat that is not answered in time declares the socket dead;
 * it hands every ``leader.deliver`` to ``on_delivery`` exactly once (duplicates are recognised by
   ``deliveryId``) and sends the receipt only after ``on_delivery`` returned;
-* :meth:`send_text`, :meth:`send_chat_action` and :meth:`send_document` never drop output while
-  the client is open: an unacknowledged ``follower.send`` is sent again, with the *same*
-  ``requestId`` (the leader is idempotent per ``(instanceId, requestId)``), once the follower is
-  registered again; sends are serialised so output keeps its order.
+* :meth:`send_text`, :meth:`send_chat_action`, :meth:`send_document` and :meth:`send_message`
+  never drop output while the client is open: an unacknowledged ``follower.send`` is sent again,
+  with the *same* ``requestId`` (the leader is idempotent per ``(instanceId, requestId)``), once the
+  follower is registered again; sends are serialised so output keeps its order;
+* it advertises the delivery types it hands to user code and keeps the capabilities the leader
+  advertised (:attr:`FollowerClient.leader_capabilities`); a send using a field the leader did not
+  advertise is refused locally (``unsupported-by-leader``) instead of being dropped by the leader.
 
 Terminal outcomes, after which the client does not reconnect: :class:`FollowerSuperseded` (a newer
 registration took this identity over) and :class:`FollowerRefused` (wrong secret, incompatible
@@ -22,16 +25,13 @@ protocol). The secret is never logged.
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
 import contextlib
-import json
 import os
-import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -42,11 +42,31 @@ from topicbus.protocol import (
     MAX_DOCUMENT_BYTES,
     MAX_FRAME_BYTES,
     MAX_TEXT_CHARS,
+    MESSAGE_ITEM,
+    SEND_FIELD_CAPABILITIES,
+    UNSUPPORTED_BY_LEADER,
+    Ack,
+    Capabilities,
+    Deliver,
     ErrorCode,
-    Kind,
+    HeartbeatResult,
+    ProtocolError,
+    RegistrationResult,
+    SendResult,
+    Superseded,
+    chat_action_message,
+    decode_leader_frame,
+    disconnect_frame,
+    document_message,
     encode,
     follower_identity,
+    heartbeat_frame,
+    receipt_frame,
+    register_frame,
+    send_frame,
+    text_message,
 )
+from topicbus.retry import Backoff
 
 __all__ = [
     "Assignment",
@@ -115,7 +135,9 @@ class FollowerRefused(FollowerError):
 
 
 class FollowerSendError(FollowerError):
-    """The leader refused one ``follower.send`` for good (``foreign-target``, ``invalid-envelope``…)."""
+    """One ``follower.send`` was refused for good: by the leader (``foreign-target``,
+    ``invalid-envelope``…) or locally, before sending, with ``unsupported-by-leader`` when the message
+    uses a field the leader did not advertise a capability for (docs/protocol.md, "Capabilities")."""
 
     def __init__(self, code: str, message: str = ""):
         super().__init__(f"{code}: {message}" if message else code)
@@ -176,12 +198,6 @@ def split_text(text: str, limit: int = MAX_TEXT_CHARS) -> list[str]:
     return chunks
 
 
-def _backoff_delay(attempt: int, initial: float, maximum: float) -> float:
-    """Exponential backoff with jitter: uniform in [d/2, d] with d = min(maximum, initial * 2^attempt)."""
-    ceiling = min(maximum, initial * (2 ** min(attempt, 32)))
-    return random.uniform(ceiling / 2, ceiling)
-
-
 def _liveness_identity(pid: int | None) -> tuple[str, str]:
     """(hostId, processBirthId) from :mod:`topicbus.host`, with a harmless fallback."""
     try:
@@ -205,19 +221,6 @@ def _register_secret(secret: str) -> None:
         add_secret(secret)
 
 
-def _error_of(reply: dict[str, Any]) -> tuple[str, str]:
-    error = reply.get("error")
-    if not isinstance(error, dict):
-        return "unknown", ""
-    code = error.get("code")
-    message = error.get("message")
-    return (code if isinstance(code, str) else "unknown", message if isinstance(message, str) else "")
-
-
-def _opt(value: Any, kind: type) -> Any:
-    return value if isinstance(value, kind) and not (kind is int and isinstance(value, bool)) else None
-
-
 # --------------------------------------------------------------------------------------------
 # Connection state
 # --------------------------------------------------------------------------------------------
@@ -230,6 +233,7 @@ class _Conn:
         self.ws = ws
         self.pending: dict[str, asyncio.Future[Any]] = {}
         self.generation: str | None = None
+        self.leader = Capabilities()  # what the leader advertised when it acknowledged the registration
         self.registered = False
         self.serial = 0  # the client's registration serial of the live registration
         self.lost = False
@@ -288,13 +292,19 @@ class FollowerClient:
         self._request_timeout = request_timeout_s
         self._backoff_initial = backoff_initial_s
         self._backoff_max = max(backoff_max_s, backoff_initial_s)
-        self._protocol = follower_identity(build)
+        self._new_backoff()  # a ValueError for impossible settings now, not in a background task
+        # The delivery types this client hands to user code, and so advertises (docs/protocol.md,
+        # "Capabilities"). A later type joins when its callback is given (e.g. on_control → "control").
+        receives = [MESSAGE_ITEM]
+        self._capabilities = Capabilities.for_follower(receives)
+        self._protocol = follower_identity(build, self._capabilities)
         self._host_id, self._birth_id = _liveness_identity(pid)
         _register_secret(secret)
 
         self._sequence = 0
         self._reg_serial = 0
         self._assignment: Assignment | None = None
+        self._leader_capabilities = Capabilities()
         self._conn: _Conn | None = None
         self._fatal: FollowerError | None = None
         self._started = False
@@ -319,6 +329,17 @@ class FollowerClient:
     def assignment(self) -> Assignment | None:
         """The last assignment the leader acknowledged (kept across reconnects)."""
         return self._assignment
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this client advertises to the leader (the delivery types it receives)."""
+        return self._capabilities
+
+    @property
+    def leader_capabilities(self) -> Capabilities:
+        """What the leader advertised in its last registration answer (empty before the first).
+        Ask it before using a newer send field, e.g. ``leader_capabilities.accepts_send_field(…)``."""
+        return self._leader_capabilities
 
     @property
     def connected(self) -> bool:
@@ -392,6 +413,17 @@ class FollowerClient:
                 raise FollowerClosed("the follower client is closed")
             await changed.wait()
 
+    async def wait_stopped(self, timeout: float | None = None) -> None:
+        """Wait until the connection to the leader has ended for good, after :meth:`close` or a
+        terminal failure: from then on the client opens no socket and sends nothing.
+        Raises ``TimeoutError`` when it is still running after ``timeout`` seconds."""
+        task = self._main_task
+        if task is None:
+            return  # never started
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            raise TimeoutError("the follower client is still running")
+
     async def close(self) -> None:
         """Disconnect gracefully (best effort, bounded), stop every task, close the socket. Idempotent."""
         if self._close_started:
@@ -453,45 +485,40 @@ class FollowerClient:
             for chunk in split_text(text, MAX_TEXT_CHARS):
                 if not chunk.strip():
                     continue
-                result = await self._send_locked({"type": "text", "text": chunk})
-                ids.append(_outbox_id(result))
+                ids.append(await self._send_locked(text_message(chunk)))
         return ids
 
     async def send_chat_action(self, action: str = "typing") -> None:
         """Show a chat action (``typing``, ``upload_document``…) in the follower's topic."""
         async with self._send_lock:
-            await self._send_locked({"type": "chatAction", "action": action})
+            await self._send_locked(chat_action_message(action))
 
     async def send_document(self, file_name: str, data: bytes, caption: str | None = None) -> int:
         """Post a file (at most 512 KiB) to the follower's topic; returns the outbox id."""
         if len(data) > MAX_DOCUMENT_BYTES:
             raise ValueError(f"document is {len(data)} bytes; the bus carries at most {MAX_DOCUMENT_BYTES}")
-        message: dict[str, Any] = {
-            "type": "document",
-            "fileName": file_name,
-            "dataBase64": base64.b64encode(data).decode("ascii"),
-        }
-        if caption is not None:
-            message["caption"] = caption
         async with self._send_lock:
-            return _outbox_id(await self._send_locked(message))
+            return await self._send_locked(document_message(file_name, data, caption))
 
-    async def _send_locked(self, message: dict[str, Any]) -> dict[str, Any]:
-        """One ``follower.send`` until acknowledged (caller holds the send lock)."""
+    async def send_message(self, message: dict[str, Any]) -> int:
+        """Post one ``follower.send`` message as written in docs/protocol.md (``{"type": "text", …}``);
+        returns the outbox id. The helpers above build these; this is for fields they do not cover
+        yet. A field the leader did not advertise a capability for is refused here, before anything
+        is sent: :class:`FollowerSendError` with code ``unsupported-by-leader``."""
+        async with self._send_lock:
+            return await self._send_locked(dict(message))
+
+    async def _send_locked(self, message: dict[str, Any]) -> int:
+        """One ``follower.send`` until acknowledged (caller holds the send lock); the outbox id."""
         self._check_usable()
         request_id = self._next_request_id()
         min_serial = 0
-        attempt = 0
+        backoff = self._new_backoff()
         maybe_stored = False  # an attempt whose answer we never saw may have been stored
         while True:
             conn = await self._wait_for_registration(min_serial)
-            frame = {
-                "kind": Kind.SEND.value,
-                "requestId": request_id,
-                "instanceId": self._instance_id,
-                "registrationGeneration": conn.generation,
-                "message": message,
-            }
+            _check_leader_accepts(conn.leader, message)  # per registration: a leader may be replaced
+            frame = send_frame(request_id, self._instance_id, conn.generation, message)
             try:
                 reply = await self._request(conn, frame)
             except _ConnectionLost:
@@ -502,10 +529,10 @@ class FollowerClient:
                 maybe_stored = True
                 logger.warning("follower: send {} not acknowledged in time; sending it again", request_id)
                 continue
-            if reply.get("ok") is True:
-                result = reply.get("result")
-                return result if isinstance(result, dict) else {}
-            code, text = _error_of(reply)
+            if reply.ok:
+                result = reply.result_as(SendResult)
+                return result.outbox_id if result is not None and result.outbox_id is not None else -1
+            code, text = reply.error_code, reply.error_message
             if code in _REREGISTER_CODES:
                 logger.info("follower: send {} refused with {}; re-registering", request_id, code)
                 self._request_reregister(conn)
@@ -519,8 +546,7 @@ class FollowerClient:
                 # Every earlier attempt of this id was refused, so none was stored: a new id is safe.
                 request_id = self._next_request_id()
                 continue
-            delay = _backoff_delay(attempt, self._backoff_initial, self._backoff_max)
-            attempt += 1
+            delay = backoff.next()
             logger.warning("follower: send {} failed with {}; retrying in {:.2f}s", request_id, code, delay)
             await asyncio.sleep(delay)
 
@@ -555,6 +581,9 @@ class FollowerClient:
             conn.wake.set()
         self._notify()
 
+    def _new_backoff(self) -> Backoff:
+        return Backoff(self._backoff_initial, self._backoff_max, jitter=True)
+
     def _next_request_id(self) -> str:
         self._sequence += 1
         return f"{self._instance_id}:{self._sequence}"
@@ -566,7 +595,7 @@ class FollowerClient:
 
     # ---- internals: requests ------------------------------------------------------------------
 
-    async def _request(self, conn: _Conn, frame: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    async def _request(self, conn: _Conn, frame: dict[str, Any], timeout: float | None = None) -> Ack:
         """Send one request on ``conn`` and wait for its ack (``TimeoutError`` / ``_ConnectionLost``)."""
         if conn.lost or conn.ws.closed:
             raise _ConnectionLost()
@@ -588,26 +617,21 @@ class FollowerClient:
         return reply
 
     async def _disconnect(self, conn: _Conn) -> None:
-        frame = {
-            "kind": Kind.DISCONNECT.value,
-            "requestId": self._next_request_id(),
-            "instanceId": self._instance_id,
-            "registrationGeneration": conn.generation,
-        }
+        frame = disconnect_frame(self._next_request_id(), self._instance_id, conn.generation)
         try:
             reply = await self._request(conn, frame)
         except (TimeoutError, _ConnectionLost):
             logger.warning("follower: graceful disconnect not acknowledged")
             return
-        if reply.get("ok") is True:
+        if reply.ok:
             logger.info("follower: disconnected gracefully")
         else:
-            logger.warning("follower: disconnect refused ({})", _error_of(reply)[0])
+            logger.warning("follower: disconnect refused ({})", reply.error_code)
 
     # ---- internals: connection loop -----------------------------------------------------------
 
     async def _run(self) -> None:
-        attempt = 0
+        backoff = self._new_backoff()
         while not self._stopping:
             registered = False
             try:
@@ -628,10 +652,8 @@ class FollowerClient:
             if self._stopping:
                 return
             if registered:
-                attempt = 0
-            delay = _backoff_delay(attempt, self._backoff_initial, self._backoff_max)
-            attempt += 1
-            await asyncio.sleep(delay)
+                backoff.reset()
+            await asyncio.sleep(backoff.next())
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
         assert self._session is not None
@@ -678,27 +700,18 @@ class FollowerClient:
 
     async def _register(self, conn: _Conn) -> bool:
         """Register on ``conn`` (retrying refusals with backoff); False when the socket is done."""
-        attempt = 0
+        backoff = self._new_backoff()
         while True:
             if self._stopping or conn.lost:
                 return False
             conn.reregister = False
             conn.wake.clear()  # from here on only a lost socket or stopping sets it
             generation = uuid.uuid4().hex
-            frame: dict[str, Any] = {
-                "kind": Kind.REGISTER.value,
-                "requestId": self._next_request_id(),
-                "instanceId": self._instance_id,
-                "registrationGeneration": generation,
-                "pid": self._pid,
-                "processBirthId": self._birth_id,
-                "hostId": self._host_id,
-                "protocol": self._protocol,
-            }
-            for key, value in (("cwd", self._cwd), ("sessionId", self._session_id), ("name", self._name),
-                               ("threadName", self._thread_name)):
-                if value is not None:
-                    frame[key] = value
+            frame = register_frame(
+                self._next_request_id(), self._instance_id, generation, protocol=self._protocol, pid=self._pid,
+                process_birth_id=self._birth_id, host_id=self._host_id, cwd=self._cwd,
+                session_id=self._session_id, name=self._name, thread_name=self._thread_name,
+            )
             try:
                 reply = await self._request(conn, frame)
             except _ConnectionLost:
@@ -706,30 +719,32 @@ class FollowerClient:
             except TimeoutError:
                 logger.warning("follower: registration not acknowledged in time; reconnecting")
                 return False
-            if reply.get("ok") is True:
-                assignment = _assignment_of(reply.get("result"))
-                if assignment is not None:
-                    if self._stopping or conn.lost:
-                        return False
-                    self._reg_serial += 1
-                    self._assignment = assignment
-                    conn.generation = generation
-                    conn.serial = self._reg_serial
-                    conn.reregister = False
-                    conn.wake.clear()
-                    conn.registered = True
-                    self._notify()
-                    logger.info("follower: registered in slot {} (thread {})", assignment.slot, assignment.thread_id)
-                    return True
+            result = reply.result_as(RegistrationResult) if reply.ok else None
+            if result is not None:
+                if self._stopping or conn.lost:
+                    return False
+                assignment = Assignment(**result.model_dump())
+                self._reg_serial += 1
+                self._assignment = assignment
+                conn.leader = Capabilities.of(reply.protocol.capabilities if reply.protocol else ())
+                self._leader_capabilities = conn.leader
+                conn.generation = generation
+                conn.serial = self._reg_serial
+                conn.reregister = False
+                conn.wake.clear()
+                conn.registered = True
+                self._notify()
+                logger.info("follower: registered in slot {} (thread {})", assignment.slot, assignment.thread_id)
+                return True
+            if reply.ok:
                 code, text = "invalid-result", "registration ack without a valid target"
             else:
-                code, text = _error_of(reply)
+                code, text = reply.error_code, reply.error_message
             if code == ErrorCode.INCOMPATIBLE_PROTOCOL.value:
                 logger.error("follower: the leader refused our protocol ({}); giving up", text)
                 self._fail(FollowerRefused(code, text))
                 return False
-            delay = _backoff_delay(attempt, self._backoff_initial, self._backoff_max)
-            attempt += 1
+            delay = backoff.next()
             logger.warning("follower: registration refused ({}: {}); retrying in {:.2f}s", code, text, delay)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
@@ -754,12 +769,7 @@ class FollowerClient:
                 conn.registered = False
                 self._notify()
                 return True
-            frame = {
-                "kind": Kind.HEARTBEAT.value,
-                "requestId": self._next_request_id(),
-                "instanceId": self._instance_id,
-                "registrationGeneration": conn.generation,
-            }
+            frame = heartbeat_frame(self._next_request_id(), self._instance_id, conn.generation)
             try:
                 reply = await self._request(conn, frame)
             except _ConnectionLost:
@@ -767,13 +777,13 @@ class FollowerClient:
             except TimeoutError:
                 logger.warning("follower: heartbeat not acknowledged in time; reconnecting")
                 return False
-            if reply.get("ok") is True:
-                result = reply.get("result")
-                title = result.get("displayTitle") if isinstance(result, dict) else None
-                if isinstance(title, str) and self._assignment is not None and title != self._assignment.display_title:
-                    self._assignment = _replace_title(self._assignment, title)
+            if reply.ok:
+                result = reply.result_as(HeartbeatResult)
+                title = result.display_title if result is not None else None
+                if title is not None and self._assignment is not None and title != self._assignment.display_title:
+                    self._assignment = replace(self._assignment, display_title=title)
                 continue
-            code, _ = _error_of(reply)
+            code = reply.error_code
             if code in _REREGISTER_CODES:
                 if self._stopping:
                     continue
@@ -807,34 +817,25 @@ class FollowerClient:
     def _on_frame(self, conn: _Conn, data: str) -> bool:
         """Dispatch one frame; False when the socket must be abandoned."""
         try:
-            frame = json.loads(data)
-        except ValueError:
-            logger.warning("follower: ignoring a frame that is not JSON")
+            frame = decode_leader_frame(data)
+        except ProtocolError as exc:  # the message names the field, never the input
+            if exc.code is ErrorCode.UNKNOWN_KIND:
+                logger.debug("follower: ignoring a frame: {}", exc.message)
+            else:
+                logger.warning("follower: ignoring a malformed frame from the leader: {}", exc.message)
             return True
-        if not isinstance(frame, dict):
-            logger.warning("follower: ignoring a frame that is not an object")
-            return True
-        kind = frame.get("kind")
-        if kind == Kind.ACK.value:
-            request_id = frame.get("requestId")
-            fut = conn.pending.get(request_id) if isinstance(request_id, str) else None
+        if isinstance(frame, Ack):
+            fut = conn.pending.get(frame.request_id)
             if fut is not None and not fut.done():
                 fut.set_result(frame)
             return True
-        if kind == Kind.DELIVER.value:
-            delivery = _delivery_of(frame)
-            if delivery is None:
-                logger.warning("follower: ignoring a malformed leader.deliver")
-            else:
-                self._deliveries.put_nowait((conn, delivery))
+        if isinstance(frame, Deliver):
+            self._deliveries.put_nowait((conn, _delivery_of(frame)))
             return True
-        if kind == Kind.SUPERSEDED.value:
-            reason = frame.get("reason")
-            logger.warning("follower: superseded by a newer registration ({})", reason if isinstance(reason, str) else "no reason")
-            self._fail(FollowerSuperseded(reason if isinstance(reason, str) else "superseded"))
-            return False
-        logger.debug("follower: ignoring a frame of kind {!r}", str(kind)[:64])
-        return True
+        assert isinstance(frame, Superseded)
+        logger.warning("follower: superseded by a newer registration ({})", frame.reason or "no reason")
+        self._fail(FollowerSuperseded(frame.reason or "superseded"))
+        return False
 
     async def _delivery_worker(self) -> None:
         """Hand deliveries to ``on_delivery`` one at a time, in arrival order, then send receipts."""
@@ -863,56 +864,31 @@ class FollowerClient:
         if conn.lost or conn.ws.closed:
             return  # the leader redelivers after the reconnect; the duplicate is acknowledged then
         with contextlib.suppress(aiohttp.ClientError, ConnectionError, RuntimeError):
-            await conn.ws.send_str(encode({"kind": Kind.ACK.value, "requestId": delivery_id, "ok": True}))
+            await conn.ws.send_str(encode(receipt_frame(delivery_id)))
 
 
 # --------------------------------------------------------------------------------------------
-# Frame parsing helpers
+# Protocol models → public types
 # --------------------------------------------------------------------------------------------
 
 
-def _assignment_of(result: Any) -> Assignment | None:
-    if not isinstance(result, dict):
-        return None
-    chat_id, thread_id = _opt(result.get("chatId"), int), _opt(result.get("threadId"), int)
-    slot = result.get("slot")
-    if chat_id is None or thread_id is None or not isinstance(slot, str):
-        return None
-    title = result.get("displayTitle")
-    key = result.get("bindingKey")
-    return Assignment(
-        chat_id=chat_id,
-        thread_id=thread_id,
-        slot=slot,
-        display_title=title if isinstance(title, str) else "",
-        binding_key=key if isinstance(key, str) else "",
-    )
-
-
-def _replace_title(assignment: Assignment, title: str) -> Assignment:
-    return Assignment(assignment.chat_id, assignment.thread_id, assignment.slot, title, assignment.binding_key)
-
-
-def _delivery_of(frame: dict[str, Any]) -> Delivery | None:
-    delivery_id = frame.get("deliveryId", frame.get("requestId"))
-    if not isinstance(delivery_id, str) or not 0 < len(delivery_id) <= 128:
-        return None
-    item = frame.get("item")
-    if not isinstance(item, dict):
-        item = {}
-    document = item.get("document")
+def _delivery_of(frame: Deliver) -> Delivery:
+    item = frame.item
     return Delivery(
-        delivery_id=delivery_id,
-        text=_opt(item.get("text"), str),
-        caption=_opt(item.get("caption"), str),
-        message_id=_opt(item.get("messageId"), int),
-        from_user_id=_opt(item.get("fromUserId"), int),
-        from_name=_opt(item.get("fromName"), str),
-        date=_opt(item.get("date"), int),
-        document=document if isinstance(document, dict) else None,
+        delivery_id=frame.id,
+        text=item.text,
+        caption=item.caption,
+        message_id=item.message_id,
+        from_user_id=item.from_user_id,
+        from_name=item.from_name,
+        date=item.date,
+        document=item.document.model_dump(by_alias=True) if item.document is not None else None,
     )
 
 
-def _outbox_id(result: dict[str, Any]) -> int:
-    value = result.get("outboxId")
-    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+def _check_leader_accepts(leader: Capabilities, message: dict[str, Any]) -> None:
+    """Refuse, before sending, a message field the leader would silently drop (SPEC §9.1)."""
+    unsupported = leader.unsupported_send_fields(message)
+    if unsupported:
+        needs = ", ".join(f"{f} ({SEND_FIELD_CAPABILITIES.get(f, 'no capability')})" for f in unsupported)
+        raise FollowerSendError(UNSUPPORTED_BY_LEADER, f"the leader does not accept the send field(s) {needs}")

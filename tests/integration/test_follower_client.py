@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,8 +18,8 @@ from topicbus.follower.client import (
     FollowerSendError,
     FollowerSuperseded,
 )
+from topicbus.protocol import CAP_FORMAT, LEADER_CAPABILITIES, Capabilities
 from tests.fakeleader import FakeLeader
-from tests.support.follower_tasks import closed_for_good, connection_loop_ended
 from tests.support.waiting import wait_until
 
 
@@ -213,18 +214,11 @@ async def test_send_text_splits_long_text_and_other_kinds(leader: FakeLeader) ->
 async def test_foreign_target_raises(leader: FakeLeader) -> None:
     async with make_client(leader) as client:
         await client.wait_registered(timeout=5)
-        original = leader._answer
-
-        def refuse(conn, frame):
-            if frame.get("kind") == "follower.send":
-                return {"kind": "bus.ack", "requestId": frame["requestId"], "ok": False,
-                        "error": {"code": "foreign-target", "message": "not yours"}}
-            return original(conn, frame)
-
-        leader._answer = refuse  # type: ignore[method-assign]
+        leader.send_errors = ["foreign-target"]
         with pytest.raises(FollowerSendError) as info:
             await client.send_text("x")
         assert info.value.code == "foreign-target"
+        assert len(leader.sends) == 1 and leader.outbox_items == []
 
 
 async def test_registration_errors_are_retried(leader: FakeLeader) -> None:
@@ -242,8 +236,8 @@ async def test_incompatible_protocol_is_refused(leader: FakeLeader) -> None:
         with pytest.raises(FollowerRefused) as info:
             await client.wait_registered(timeout=5)
         assert info.value.code == "incompatible-protocol"
-        await wait_until(lambda: connection_loop_ended(client), timeout=5, message="the connection loop to end")
-        assert len(leader.registrations) == 1
+        await client.wait_stopped(timeout=5)  # the client ended its connection by itself, for good
+        assert len(leader.registrations) == 1 and leader.upgrade_attempts == 1
 
 
 async def test_superseded_stops_without_reconnecting(leader: FakeLeader) -> None:
@@ -257,9 +251,8 @@ async def test_superseded_stops_without_reconnecting(leader: FakeLeader) -> None
         assert client.superseded
         with pytest.raises(FollowerSuperseded):
             await client.send_text("late")
-        attempts = leader.upgrade_attempts
-        await wait_until(lambda: connection_loop_ended(client), timeout=5, message="the connection loop to end")
-        assert leader.upgrade_attempts == attempts == 1
+        await client.wait_stopped(timeout=5)  # the client ended its connection by itself, for good
+        assert leader.upgrade_attempts == 1
         assert len(leader.registrations) == 1
     assert leader.disconnects == []
 
@@ -269,7 +262,7 @@ async def test_wrong_secret_is_refused(leader: FakeLeader) -> None:
         with pytest.raises(FollowerRefused) as info:
             await client.wait_registered(timeout=5)
         assert info.value.code == "unauthorized"
-        await wait_until(lambda: connection_loop_ended(client), timeout=5, message="the connection loop to end")
+        await client.wait_stopped(timeout=5)
         assert leader.upgrade_attempts == 1
 
 
@@ -298,8 +291,106 @@ async def test_close_sends_disconnect_and_is_idempotent(leader: FakeLeader) -> N
     assert d["instanceId"] == client.instance_id
     assert d["registrationGeneration"] == leader.registrations[0]["registrationGeneration"]
     assert client.instance_id not in leader.live
-    count = len(leader.frames)
-    await wait_until(lambda: closed_for_good(client, leader), timeout=5, message="the client gone for good")
-    assert len(leader.frames) == count  # nothing after close: no heartbeat, no re-registration
+    await client.wait_stopped(timeout=0)  # close() ended every task: nothing can be sent any more
+    # The socket is closed and the leader has read everything sent on it: nothing came after the
+    # disconnect (no heartbeat, no re-registration) and no second connection was opened.
+    await leader.wait_for(lambda: all(c.ws.closed for c in leader.connections), what="socket closed")
+    assert leader.frames[-1]["kind"] == "follower.disconnect"
+    assert leader.upgrade_attempts == 1
     with pytest.raises(FollowerClosed):
         await client.send_text("after close")
+
+
+async def test_capabilities_are_advertised_and_the_leaders_are_kept(leader: FakeLeader) -> None:
+    async with make_client(leader) as client:
+        assert client.leader_capabilities == Capabilities()  # nothing known before the first registration
+        await client.wait_registered(timeout=5)
+        assert leader.registrations[0]["protocol"]["capabilities"] == ["deliver-v1", "display-title-v1"]
+        assert client.capabilities.may_receive("message") and not client.capabilities.may_receive("edit")
+        assert client.leader_capabilities == Capabilities.of(LEADER_CAPABILITIES)
+
+
+async def test_send_field_the_leader_did_not_advertise_is_refused_locally(leader: FakeLeader) -> None:
+    async with make_client(leader) as client:
+        await client.wait_registered(timeout=5)
+        for extra in ({"format": "markdown"}, {"buttons": [[{"text": "Yes"}]]}, {"somethingNew": 1}):
+            with pytest.raises(FollowerSendError) as info:
+                await client.send_message({"type": "text", "text": "x", **extra})
+            assert info.value.code == "unsupported-by-leader"
+            assert next(iter(extra)) in info.value.message
+        assert leader.sends == []  # refused before anything was sent
+        assert await client.send_message({"type": "text", "text": "plain", "format": None}) == 1
+        assert leader.sent_texts() == ["plain"]
+
+
+async def test_send_field_follows_what_the_current_leader_advertised() -> None:
+    async with FakeLeader(capabilities=LEADER_CAPABILITIES | {CAP_FORMAT}) as leader:
+        async with make_client(leader) as client:
+            await client.wait_registered(timeout=5)
+            await client.send_message({"type": "text", "text": "*bold*", "format": "markdown"})
+            assert leader.sends[0]["message"] == {"type": "text", "text": "*bold*", "format": "markdown"}
+            with pytest.raises(FollowerSendError) as info:
+                await client.send_message({"type": "text", "text": "x", "buttons": []})
+            assert info.value.code == "unsupported-by-leader"
+            # The leader is replaced by one without format-v1: the next registration's answer counts.
+            leader.capabilities = frozenset(LEADER_CAPABILITIES)
+            await leader.drop()
+            await leader.wait_for(lambda: len(leader.registrations) == 2, what="re-registration")
+            await client.wait_registered(timeout=5)
+            with pytest.raises(FollowerSendError) as info:
+                await client.send_message({"type": "text", "text": "*bold*", "format": "markdown"})
+            assert info.value.code == "unsupported-by-leader"
+            assert len(leader.sends) == 1
+
+
+async def test_malformed_and_unknown_leader_frames_are_ignored(leader: FakeLeader) -> None:
+    seen: list[Delivery] = []
+
+    async def on_delivery(delivery: Delivery) -> None:
+        seen.append(delivery)
+
+    def deliver(delivery_id: str, item: dict, **extra) -> str:
+        return json.dumps({"kind": "leader.deliver", "requestId": delivery_id, "deliveryId": delivery_id,
+                           "instanceId": "i", "registrationGeneration": "g", "item": item, **extra})
+
+    async with make_client(leader, on_delivery=on_delivery) as client:
+        await client.wait_registered(timeout=5)
+        for text in ("not json", "[1, 2]", json.dumps({"kind": "leader.somethingNew", "requestId": "n-1"}),
+                     deliver("bad-text", {"type": "message", "text": 5}),
+                     deliver("bad-type", {"type": "edit", "text": "changed"}),
+                     deliver("bad-doc", {"type": "message", "document": {"fileSize": "big"}}),
+                     json.dumps({"kind": "bus.ack", "requestId": "x", "ok": "yes"})):
+            await leader.send_raw(text)
+        # Unknown fields, in the envelope and in the item, are a newer leader's business: tolerated.
+        await leader.send_raw(deliver("good", {"type": "message", "text": "hi", "replyTo": {"messageId": 3}},
+                                      priority="high"))
+        await leader.deliver("after", delivery_id="d-after")
+        await leader.wait_for(lambda: len(leader.receipts) == 2, what="receipts of the valid deliveries")
+        assert [(d.delivery_id, d.text) for d in seen] == [("good", "hi"), ("d-after", "after")]
+        assert [r["requestId"] for r in leader.receipts] == ["good", "d-after"]
+        assert client.registered and len(leader.connections) == 1 and client.failure is None
+
+
+async def test_document_reference_reaches_the_callback(leader: FakeLeader) -> None:
+    seen: list[Delivery] = []
+
+    async def on_delivery(delivery: Delivery) -> None:
+        seen.append(delivery)
+
+    async with make_client(leader, on_delivery=on_delivery) as client:
+        await client.wait_registered(timeout=5)
+        doc = {"fileId": "F1", "fileName": "r.txt", "mimeType": "text/plain", "fileSize": 4}
+        await leader.deliver(None, caption="cap", document=doc)
+        await leader.wait_for(lambda: seen, what="delivery")
+        assert seen[0].document == doc and seen[0].caption == "cap" and seen[0].text is None
+
+
+async def test_wait_stopped_before_start_returns(leader: FakeLeader) -> None:
+    client = make_client(leader)
+    await client.wait_stopped(timeout=0)
+    await client.start()
+    await client.wait_registered(timeout=5)
+    with pytest.raises(TimeoutError):
+        await client.wait_stopped(timeout=0)
+    await client.close()
+    await client.wait_stopped(timeout=0)

@@ -1,0 +1,105 @@
+"""Capability negotiation of the bus protocol (SPEC §9.1; docs/protocol.md, "Capabilities").
+
+Part of the protocol's one definition: :mod:`topicbus.protocol` re-exports every name here, and
+callers import them from there. Every delivery type beyond ``message`` and every send field beyond
+version 1's has a capability; neither side uses one unless the peer advertised it in its protocol
+identity. Pure: no I/O, no pydantic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CAP_BUTTON", "CAP_BUTTONS", "CAP_CONTROL", "CAP_DELIVER", "CAP_DISPLAY_TITLE", "CAP_EDIT", "CAP_FORMAT",
+    "CAP_MEDIA", "CAP_SEND", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES", "LEADER_CAPABILITIES",
+    "MESSAGE_ITEM", "REQUIRED_FOLLOWER_CAPABILITIES", "SEND_BASE_FIELDS", "SEND_FIELD_CAPABILITIES",
+    "UNSUPPORTED_BY_LEADER", "Capabilities", "may_deliver",
+]
+
+CAP_DELIVER = "deliver-v1"  # follower: acknowledges leader.deliver (required)
+CAP_DISPLAY_TITLE = "display-title-v1"  # follower: takes title changes from acks (display modes)
+CAP_CONTROL = "control-v1"  # follower: receives `control` deliveries
+CAP_BUTTON = "button-v1"  # follower: receives `button` deliveries
+CAP_EDIT = "edit-v1"  # follower: receives `edit` deliveries
+CAP_MEDIA = "media-v1"  # follower: receives `media` deliveries
+CAP_SEND = "send-v1"  # leader: serves follower.send
+CAP_FORMAT = "format-v1"  # leader: honours a send message's `format`
+CAP_BUTTONS = "buttons-v1"  # leader: honours a send message's `buttons`
+
+MESSAGE_ITEM = "message"  # the delivery type every follower receives
+DELIVERY_CAPABILITIES: Mapping[str, str] = {
+    "control": CAP_CONTROL, "button": CAP_BUTTON, "edit": CAP_EDIT, "media": CAP_MEDIA,
+}
+SEND_BASE_FIELDS: Mapping[str, frozenset[str]] = {  # what every version 1 leader honours
+    "text": frozenset({"type", "text"}),
+    "chatAction": frozenset({"type", "action"}),
+    "document": frozenset({"type", "fileName", "dataBase64", "caption"}),
+}
+SEND_FIELD_CAPABILITIES: Mapping[str, str] = {"format": CAP_FORMAT, "buttons": CAP_BUTTONS}
+LEADER_CAPABILITIES = frozenset({CAP_DELIVER, CAP_SEND})
+FOLLOWER_BASE_CAPABILITIES = frozenset({CAP_DELIVER, CAP_DISPLAY_TITLE})
+REQUIRED_FOLLOWER_CAPABILITIES = frozenset({CAP_DELIVER})
+#: The follower client's local refusal of a send that uses a field the leader did not advertise.
+UNSUPPORTED_BY_LEADER = "unsupported-by-leader"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The capability names one peer advertised, and the questions the other side asks of them."""
+
+    names: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, names: Capabilities | Iterable[str] | None) -> Capabilities:
+        if isinstance(names, Capabilities):
+            return names
+        return cls(frozenset(names or ()))
+
+    @classmethod
+    def for_follower(cls, item_types: Iterable[str] = (MESSAGE_ITEM,)) -> Capabilities:
+        """What a follower advertises when it hands the delivery types ``item_types`` to its code."""
+        extra = set()
+        for item_type in item_types:
+            if item_type != MESSAGE_ITEM:
+                if item_type not in DELIVERY_CAPABILITIES:
+                    raise ValueError(f"unknown delivery type {item_type!r}")
+                extra.add(DELIVERY_CAPABILITIES[item_type])
+        return cls(FOLLOWER_BASE_CAPABILITIES | extra)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def may_receive(self, item_type: str) -> bool:
+        """Leader's question: may an item of ``item_type`` go to the follower that advertised these?
+        ``message`` always may; any other type only with its capability (unknown types never)."""
+        if item_type == MESSAGE_ITEM:
+            return True
+        needed = DELIVERY_CAPABILITIES.get(item_type)
+        return needed is not None and needed in self.names
+
+    def accepts_send_field(self, field: str, message_type: str) -> bool:
+        """Follower's question: does the leader that advertised these honour ``field`` in a
+        ``message_type`` send message? Version 1 fields always; others only with their capability."""
+        if field in SEND_BASE_FIELDS.get(message_type, frozenset({"type"})):
+            return True
+        needed = SEND_FIELD_CAPABILITIES.get(field)
+        return needed is not None and needed in self.names
+
+    def unsupported_send_fields(self, message: Mapping[str, Any]) -> list[str]:
+        """The fields of a send ``message`` this leader would not honour (sorted; empty: send it).
+        A field whose value is None asks for nothing and is never counted."""
+        message_type = message.get("type")
+        kind = message_type if isinstance(message_type, str) else ""
+        return sorted(f for f, v in message.items() if v is not None and not self.accepts_send_field(f, kind))
+
+    def as_list(self) -> list[str]:
+        return sorted(self.names)
+
+
+def may_deliver(item: Mapping[str, Any], follower_capabilities: Capabilities | Iterable[str]) -> bool:
+    """Leader side, before sending a delivery ``item``: did its follower advertise the item's type?"""
+    item_type = item.get("type")
+    return isinstance(item_type, str) and Capabilities.of(follower_capabilities).may_receive(item_type)
