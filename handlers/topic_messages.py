@@ -10,6 +10,7 @@ from telegram.ext import Application, ContextTypes, MessageHandler, filters
 from topicbus.handlers.filters import InThread, owner_messages
 from topicbus.leader.routing import Router
 from topicbus.leader.topics import ControlTopic
+from topicbus.protocol import message_item
 
 
 def message_payload(message: Message) -> dict[str, Any] | None:
@@ -28,9 +29,9 @@ def message_payload(message: Message) -> dict[str, Any] | None:
                     "fileSize": photo.file_size}
     if message.text is None and message.caption is None and document is None:
         return None
-    return {"type": "message", "text": message.text, "caption": message.caption, "messageId": message.message_id,
-            "fromUserId": user.id, "fromName": user.full_name, "date": int(message.date.timestamp()),
-            "document": document}
+    return message_item(text=message.text, caption=message.caption, messageId=message.message_id,
+                        fromUserId=user.id, fromName=user.full_name, date=int(message.date.timestamp()),
+                        document=document)
 
 
 def register(app: Application, *, router: Router, control: ControlTopic, chat_id: int,

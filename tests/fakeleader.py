@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +43,7 @@ from topicbus.protocol import (
     request_id_of,
     superseded_frame,
 )
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -149,14 +149,7 @@ class FakeLeader:
         return conn is not None and conn.instance_id is not None and conn.instance_id in self.live
 
     async def wait_for(self, predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.01)
+        return await wait_until(predicate, timeout=timeout, message=what)
 
     # ---- controls -----------------------------------------------------------------------------
 

@@ -68,12 +68,13 @@ class FollowerMutationQueue:
 
     def is_busy(self, record_or_key: FollowerRecord | str) -> bool:
         """Whether an operation for this key is running or waiting."""
-        key = (
-            record_or_key
-            if isinstance(record_or_key, str)
-            else follower_mutation_key(record_or_key)
-        )
-        return key in self._gates
+        return self.users(record_or_key) > 0
+
+    def users(self, record_or_key: FollowerRecord | str) -> int:
+        """How many operations for this key are running or waiting."""
+        key = record_or_key if isinstance(record_or_key, str) else follower_mutation_key(record_or_key)
+        gate = self._gates.get(key)
+        return 0 if gate is None else gate.users
 
     def __len__(self) -> int:
         """Number of keys with an operation running or waiting."""

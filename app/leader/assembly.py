@@ -47,6 +47,7 @@ class LeaderServices:
     gateway: TelegramGateway
     roster: Roster
     admission: AdmissionLedger
+    mutations: FollowerMutationQueue
     preferences: Preferences
     control: ControlTopic
     titles: TitleCache
@@ -97,7 +98,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                         registrations=registrations, outbound=outbound, rotation=rotation, pruner=pruner)
     followers = FollowerDesk(term=term, roster=roster, registrations=registrations, departures=departures,
                              router=router)
-    return LeaderServices(term=term, gateway=gateway, roster=roster, admission=admission, preferences=preferences,
+    return LeaderServices(term=term, gateway=gateway, roster=roster, admission=admission, mutations=mutations,
+                          preferences=preferences,
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, router=router,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from topicbus.core.clock import Clock
-from topicbus.protocol import Kind
+from topicbus.protocol import deliver_frame, may_deliver
 from topicbus.storage.db import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository, parse_delivery_id
 
@@ -35,10 +35,12 @@ class FollowerConnection(Protocol):
 
 
 class _Route:
-    def __init__(self, instance_id: str, generation: str, connection: FollowerConnection):
+    def __init__(self, instance_id: str, generation: str, connection: FollowerConnection,
+                 capabilities: frozenset[str]):
         self.instance_id = instance_id
         self.generation = generation
         self.connection = connection
+        self.capabilities = capabilities
         self.high_water = 0  # highest journal seq sent on this route
         self.caught_up = False  # the last kick found nothing pending beyond high_water
         self.lock = asyncio.Lock()
@@ -54,8 +56,9 @@ class DeliveryHub:
         self._receipts: list[tuple[int, str]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    def attach(self, binding_key: str, instance_id: str, generation: str, connection: FollowerConnection) -> None:
-        self._routes[binding_key] = _Route(instance_id, generation, connection)
+    def attach(self, binding_key: str, instance_id: str, generation: str, connection: FollowerConnection,
+               capabilities: frozenset[str] = frozenset()) -> None:
+        self._routes[binding_key] = _Route(instance_id, generation, connection, capabilities)
 
     def detach_connection(self, connection: FollowerConnection) -> None:
         for key in [k for k, r in self._routes.items() if r.connection is connection]:
@@ -75,6 +78,9 @@ class DeliveryHub:
             while self._routes.get(binding_key) is route and not route.connection.closed:
                 page = await self._journal.pending(binding_key, limit=PAGE, after_seq=route.high_water)
                 for item in page:
+                    if not await self._deliverable(binding_key, route, item):
+                        route.high_water = item.seq
+                        continue
                     try:
                         await route.connection.send_frame(self._frame(route, item))
                     except Exception as exc:  # noqa: BLE001 - a dead socket; items stay pending
@@ -99,6 +105,9 @@ class DeliveryHub:
                       and all(item.seq > route.high_water for item in items))
             if direct:
                 for item in items:
+                    if not await self._deliverable(binding_key, route, item):
+                        route.high_water = item.seq
+                        continue
                     try:
                         await route.connection.send_frame(self._frame(route, item))
                     except Exception:  # noqa: BLE001 - a dead socket; items stay pending
@@ -110,8 +119,17 @@ class DeliveryHub:
 
     @staticmethod
     def _frame(route: _Route, item: JournalItem) -> dict[str, Any]:
-        return {"kind": Kind.DELIVER.value, "requestId": item.delivery_id, "deliveryId": item.delivery_id,
-                "instanceId": route.instance_id, "registrationGeneration": route.generation, "item": item.payload}
+        return deliver_frame(item.delivery_id, route.instance_id, route.generation, item.payload)
+
+    async def _deliverable(self, binding_key: str, route: _Route, item: JournalItem) -> bool:
+        """A delivery type the follower did not advertise is never sent to it (SPEC §9.1): the item
+        is settled as if received, so it neither blocks the route nor waits for ever."""
+        if may_deliver(item.payload, route.capabilities):
+            return True
+        logger.bind(phase="delivery").info("delivery {} ({}) not sent: the follower does not take this type",
+                                           item.delivery_id, item.payload.get("type"))
+        await self.receipt(binding_key, item.delivery_id)
+        return False
 
     async def receipt(self, binding_key: str, delivery_id: str) -> bool:
         """Queue a follower's receipt; applied with others in one transaction, soon."""

@@ -22,7 +22,8 @@ from topicbus.leader.rotation import RotationBlocked, SlotRotation
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.titles import TitleCache
 from topicbus.leader.topics import CONTROL_TOPIC_TITLE, ControlTopic
-from topicbus.protocol import ErrorCode, FollowerRequest, Kind, ProtocolError, Registration, check_compatibility
+from topicbus.protocol import (ErrorCode, FollowerRequest, ProtocolError, Registration, check_compatibility,
+                               superseded_frame)
 from topicbus.storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger, Scope
 from topicbus.storage.bindings import BindingRepository, OwnerRecord
 from topicbus.storage.db import AuthorityLost
@@ -175,9 +176,8 @@ class Registrations:
 
 async def _tell_superseded(term: LeaderTerm, old: FollowerRecord, conn: Any) -> None:
     try:
-        await conn.send_frame({"kind": Kind.SUPERSEDED.value, "requestId": f"superseded:{old.instance_id}",
-                               "instanceId": old.instance_id,
-                               "reason": "A newer registration with the same workspace identity took over."})
+        await conn.send_frame(superseded_frame(old.instance_id,
+                                               "A newer registration with the same workspace identity took over."))
     except Exception:  # noqa: BLE001 - the old socket may already be gone
         pass
     term.spawn(conn.close(4001, "superseded"))

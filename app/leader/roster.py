@@ -71,7 +71,8 @@ class Roster:
         if previous is not None and previous is not connection:
             self.hub.detach_connection(previous)
         self._connections[record.instance_id] = connection
-        self.hub.attach(record.binding_key or "", record.instance_id, record.registration_generation, connection)
+        self.hub.attach(record.binding_key or "", record.instance_id, record.registration_generation, connection,
+                        record.capabilities)
         return superseded
 
     def drop(self, instance_id: str) -> None:

@@ -19,7 +19,8 @@ from topicbus.leader.term import LeaderTerm
 from topicbus.storage.bindings import Binding, BindingRepository
 from topicbus.core.liveness import Liveness
 from topicbus.logsetup import EventJournal
-from topicbus.protocol import ProtocolError, Registration, decode_frame, encode, follower_identity
+from topicbus.protocol import (ProtocolError, Registration, decode_frame, disconnect_frame, encode, follower_identity,
+                               heartbeat_frame, register_frame)
 from topicbus.core.pruning import FollowerPruner
 from topicbus.core.display import DisplayMode
 from topicbus.storage.db import Authority, Database
@@ -67,29 +68,19 @@ class MemoryConnection:
 def registration(instance_id: str, *, cwd: str | None = "/repo/a", generation: str | None = "g1",
                  pid: int | None = 4242, session: str | None = None, name: str | None = None,
                  protocol: dict[str, Any] | None | str = "default", host: str = HOST) -> Registration:
-    frame: dict[str, Any] = {"kind": "follower.register", "requestId": f"{instance_id}:{uuid.uuid4().hex[:6]}",
-                             "instanceId": instance_id, "pid": pid, "processBirthId": f"{pid}:start:77",
-                             "hostId": host}
-    if generation is not None:
-        frame["registrationGeneration"] = generation
-    if cwd is not None:
-        frame["cwd"] = cwd
-    if session is not None:
-        frame["sessionId"] = session
-    if name is not None:
-        frame["name"] = name
-    if protocol == "default":
-        frame["protocol"] = follower_identity("test")
-    elif protocol is not None:
-        frame["protocol"] = protocol
+    frame = register_frame(f"{instance_id}:{uuid.uuid4().hex[:6]}", instance_id, generation,  # type: ignore[arg-type]
+                           protocol=follower_identity("test") if protocol == "default" else (protocol or {}),
+                           pid=pid, process_birth_id=f"{pid}:start:77", host_id=host, cwd=cwd, session_id=session,
+                           name=name)
+    if protocol is None:
+        del frame["protocol"]
     _, model, _ = decode_frame(encode(frame))
     return model
 
 
 def fenced(kind: str, instance_id: str, generation: str | None, **extra: Any):
-    frame = {"kind": kind, "requestId": f"{instance_id}:{uuid.uuid4().hex[:6]}", "instanceId": instance_id, **extra}
-    if generation is not None:
-        frame["registrationGeneration"] = generation
+    build = {"follower.heartbeat": heartbeat_frame, "follower.disconnect": disconnect_frame}[kind]
+    frame = {**build(f"{instance_id}:{uuid.uuid4().hex[:6]}", instance_id, generation), **extra}
     return decode_frame(encode(frame))[1]
 
 

@@ -11,6 +11,7 @@ import asyncio
 from topicbus.protocol import ErrorCode, Kind
 from topicbus.core.target import Target
 from topicbus.storage.db import Authority
+from tests.support.waiting import wait_until
 from tests.integration.leader_env import CHAT, Hold, LeaderEnv, fenced
 
 
@@ -52,7 +53,9 @@ async def test_case2_disconnect_cleanup_is_serialised_before_same_identity_regis
     d = asyncio.create_task(disconnect())
     await asyncio.wait_for(hold.entered.wait(), 5)
     r = asyncio.create_task(register())
-    await asyncio.sleep(0.05)
+    queue_key = f"profile:{first['bindingKey']}"
+    await wait_until(lambda: services.mutations.users(queue_key) == 2, timeout=5,
+                     message="the registration queued behind the disconnect")
     assert not r.done(), "registration overtook the running disconnect cleanup"
     hold.release.set()
     await asyncio.wait_for(d, 5)

@@ -31,16 +31,20 @@ from topicbus.core.pruning import (
 )
 from topicbus.core.registry import FollowerRecord, FollowerRegistry
 from topicbus.core.target import Target
+from tests.support.waiting import wait_until
 
 STALE_AFTER_MS = 15_000
 CHAT = -100_777
 AFTER_STALE = STALE_AFTER_MS + 1
 
 
-async def settle() -> None:
-    """Let every ready task run until nothing more can progress (no wall-clock wait)."""
-    for _ in range(30):
-        await asyncio.sleep(0)
+async def started() -> None:
+    """Barrier: every task created before this call has run up to its first suspension (asyncio
+    starts tasks in creation order, and this one is created last)."""
+    async def noop() -> None:
+        return None
+
+    await asyncio.create_task(noop())
 
 
 @dataclass
@@ -280,7 +284,7 @@ async def test_case35_held_policy_gives_one_policy_call_and_stop_prevents_cleanu
     await h.ports.policy_entered.wait()
     second = asyncio.create_task(h.pruner.tick())
     third = asyncio.create_task(h.pruner.tick())
-    await settle()
+    await started()
     assert h.ports.policy_calls == 1
     assert not second.done() and not third.done()  # they wait for the in-flight pass
 
@@ -344,7 +348,7 @@ async def test_case37_same_profile_registration_waits_for_confirmed_dead_cleanup
     registration = asyncio.create_task(
         h.register(follower("inst-b", profile_key="manual:owner-a", thread_id=43))
     )
-    await settle()
+    await wait_until(lambda: h.mutations.users(old) == 2, timeout=5, message="the registration queued")
     assert not registration.done()
     assert h.registry.get("inst-b") is None
     assert h.ports.log == ["delete:inst-a"]
@@ -369,10 +373,9 @@ async def test_cleanup_queued_behind_a_replacement_registration_deletes_nothing(
     registration = asyncio.create_task(
         h.register(follower("inst-b", profile_key="manual:owner-a"), hold=provisioning)
     )
-    await settle()
+    await wait_until(lambda: h.ports.log == ["provision:inst-b"], timeout=5, message="provisioning held")
     prune = asyncio.create_task(h.pruner.tick())
-    await h.ports.policy_entered.wait()
-    await settle()
+    await wait_until(lambda: h.mutations.users(old) == 2, timeout=5, message="the cleanup queued behind it")
     provisioning.set()
     await asyncio.gather(registration, prune)
     assert h.ports.deleted == []
@@ -659,8 +662,7 @@ async def test_case43_replacement_provisioning_cancels_the_old_observation() -> 
     a = await _pending_then_dead(h)
     provisioning = asyncio.Event()
     registration = asyncio.create_task(h.register(follower("inst-a", generation="gen-2"), hold=provisioning))
-    await settle()
-    assert h.ports.log == ["provision:inst-a"]
+    await wait_until(lambda: h.ports.log == ["provision:inst-a"], timeout=5, message="provisioning held")
     assert h.pending_ids() == []  # forgotten as soon as provisioning started
 
     await h.pruner.tick()  # the process is dead, but nothing is left to preserve
