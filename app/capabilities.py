@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = [
     "CAP_BUTTON", "CAP_BUTTONS", "CAP_CONTROL", "CAP_DELIVER", "CAP_DISPLAY_TITLE", "CAP_EDIT", "CAP_FORMAT",
-    "CAP_MEDIA", "CAP_SEND", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES", "LEADER_CAPABILITIES",
+    "CAP_MEDIA", "CAP_PHOTO", "CAP_SEND", "SEND_TYPE_CAPABILITIES", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES", "LEADER_CAPABILITIES",
     "MESSAGE_ITEM", "REQUIRED_FOLLOWER_CAPABILITIES", "SEND_BASE_FIELDS", "SEND_FIELD_CAPABILITIES",
     "UNSUPPORTED_BY_LEADER", "Capabilities", "may_deliver",
 ]
@@ -28,6 +28,7 @@ CAP_MEDIA = "media-v1"  # follower: receives `media` deliveries
 CAP_SEND = "send-v1"  # leader: serves follower.send
 CAP_FORMAT = "format-v1"  # leader: honours a send message's `format`
 CAP_BUTTONS = "buttons-v1"  # leader: honours a send message's `buttons`
+CAP_PHOTO = "photo-v1"  # leader: serves send messages of type `photo`
 
 MESSAGE_ITEM = "message"  # the delivery type every follower receives
 DELIVERY_CAPABILITIES: Mapping[str, str] = {
@@ -39,6 +40,9 @@ SEND_BASE_FIELDS: Mapping[str, frozenset[str]] = {  # what every version 1 leade
     "document": frozenset({"type", "fileName", "dataBase64", "caption"}),
 }
 SEND_FIELD_CAPABILITIES: Mapping[str, str] = {"format": CAP_FORMAT, "buttons": CAP_BUTTONS}
+#: Send message types beyond version 1's, each with the capability a leader advertises to serve it;
+#: such a type's fields are those of the named version 1 type.
+SEND_TYPE_CAPABILITIES: Mapping[str, tuple[str, str]] = {"photo": (CAP_PHOTO, "document")}
 LEADER_CAPABILITIES = frozenset({CAP_DELIVER, CAP_SEND})
 FOLLOWER_BASE_CAPABILITIES = frozenset({CAP_DELIVER, CAP_DISPLAY_TITLE})
 REQUIRED_FOLLOWER_CAPABILITIES = frozenset({CAP_DELIVER})
@@ -83,6 +87,12 @@ class Capabilities:
     def accepts_send_field(self, field: str, message_type: str) -> bool:
         """Follower's question: does the leader that advertised these honour ``field`` in a
         ``message_type`` send message? Version 1 fields always; others only with their capability."""
+        typed = SEND_TYPE_CAPABILITIES.get(message_type)
+        if typed is not None:
+            needed_type, like = typed
+            if needed_type not in self.names:
+                return False
+            message_type = like
         if field in SEND_BASE_FIELDS.get(message_type, frozenset({"type"})):
             return True
         needed = SEND_FIELD_CAPABILITIES.get(field)

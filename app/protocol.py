@@ -30,10 +30,10 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from topicbus.capabilities import (  # noqa: F401 - re-exported: the protocol is defined in one place
-    CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT, CAP_FORMAT, CAP_MEDIA, CAP_SEND,
-    DELIVERY_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES, LEADER_CAPABILITIES, MESSAGE_ITEM,
-    REQUIRED_FOLLOWER_CAPABILITIES, SEND_BASE_FIELDS, SEND_FIELD_CAPABILITIES, UNSUPPORTED_BY_LEADER, Capabilities,
-    may_deliver,
+    CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT, CAP_FORMAT, CAP_MEDIA, CAP_PHOTO,
+    CAP_SEND, DELIVERY_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES, LEADER_CAPABILITIES, MESSAGE_ITEM,
+    REQUIRED_FOLLOWER_CAPABILITIES, SEND_BASE_FIELDS, SEND_FIELD_CAPABILITIES, SEND_TYPE_CAPABILITIES,
+    UNSUPPORTED_BY_LEADER, Capabilities, may_deliver,
 )
 
 PROTOCOL_VERSION = 1
@@ -69,6 +69,7 @@ class ErrorCode(StrEnum):
     SLOT_UNAVAILABLE = "slot-unavailable"
     BLOCKED_BY_RETIREMENT = "blocked-by-retirement"
     TELEGRAM_ERROR = "telegram-error"
+    BACKLOG_FULL = "backlog-full"  # the follower's outbox is at its cap: retry later (backpressure)
     INTERNAL = "internal"
 
 
@@ -138,9 +139,25 @@ class FollowerRequest(_Strict):
     registration_generation: str | None = Field(default=None, alias="registrationGeneration", max_length=128)
 
 
+TextFormat = Literal["plain", "markdown", "html", "pre"]
+MAX_BUTTON_ROWS = 8
+MAX_BUTTONS_PER_ROW = 8
+
+
+class Button(_Strict):
+    """One inline button a follower attaches; ``data`` comes back in a ``button`` delivery when an
+    owner presses it (the leader keeps the data and gives Telegram a short id: callback data ≤ 64 bytes)."""
+
+    text: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    data: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+
+
 class TextMessage(_Strict):
     type: Literal["text"]
     text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS)]
+    format: TextFormat | None = None  # needs format-v1; None: plain
+    buttons: Annotated[list[Annotated[list[Button], Field(min_length=1, max_length=MAX_BUTTONS_PER_ROW)]],
+                       Field(min_length=1, max_length=MAX_BUTTON_ROWS)] | None = None  # needs buttons-v1
 
 
 class ChatActionMessage(_Strict):
@@ -168,7 +185,14 @@ class DocumentMessage(_Strict):
         return value
 
 
-OutboundMessage = Annotated[TextMessage | ChatActionMessage | DocumentMessage, Field(discriminator="type")]
+class PhotoMessage(DocumentMessage):
+    """An image (PNG, JPEG, WebP) shown as a photo (``sendPhoto``); needs photo-v1."""
+
+    type: Literal["photo"]  # type: ignore[assignment]
+
+
+OutboundMessage = Annotated[TextMessage | ChatActionMessage | DocumentMessage | PhotoMessage,
+                            Field(discriminator="type")]
 
 
 class SendRequest(FollowerRequest):
@@ -253,6 +277,24 @@ class DocumentRef(_Strict):
     file_size: int | None = Field(default=None, alias="fileSize")
 
 
+class ReplyContext(_Strict):
+    """What an owner message replied to: the replied-to message, and the quoted part if any."""
+
+    message_id: int | None = Field(default=None, alias="messageId")
+    text: Text | None = None  # its text, else its caption
+    from_name: Text | None = Field(default=None, alias="fromName")
+    from_agent: bool = Field(default=False, alias="fromAgent")  # the agent's own output (posted by the bot)
+    quote: Text | None = None
+
+
+class FileRef(DocumentRef):
+    """One file of a ``media`` delivery: its kind and, for sound and video, its duration."""
+
+    kind: Literal["document", "photo", "voice", "audio", "video", "video_note", "animation"] = "document"
+    duration: int | None = None  # seconds
+    too_large: bool = Field(default=False, alias="tooLarge")  # over the Bot API's 20 MB download limit
+
+
 class MessageItem(_Strict):
     """Delivery type ``message``: one owner message (every follower receives these)."""
 
@@ -264,10 +306,52 @@ class MessageItem(_Strict):
     from_name: Text | None = Field(default=None, alias="fromName")
     date: int | None = None
     document: DocumentRef | None = None
+    reply: ReplyContext | None = None
 
 
-# Later delivery types join this union; each has its capability in DELIVERY_CAPABILITIES.
-DeliveryItem = Annotated[Union[MessageItem], Field(discriminator="type")]  # noqa: UP007
+class MediaItem(_Strict):
+    """Delivery type ``media`` (media-v1): voice, audio, video, video notes, animations, photos and
+    documents — one message, or a whole album as one item."""
+
+    type: Literal["media"]
+    files: Annotated[list[FileRef], Field(min_length=1, max_length=10)]
+    caption: Text | None = None
+    message_id: int | None = Field(default=None, alias="messageId")  # the first message of an album
+    from_user_id: int | None = Field(default=None, alias="fromUserId")
+    from_name: Text | None = Field(default=None, alias="fromName")
+    date: int | None = None
+    reply: ReplyContext | None = None
+
+
+class EditItem(_Strict):
+    """Delivery type ``edit`` (edit-v1): an owner edited a message the follower already received."""
+
+    type: Literal["edit"]
+    message_id: int = Field(alias="messageId")
+    text: Text | None = None  # the new text, else the new caption
+
+
+class ControlItem(_Strict):
+    """Delivery type ``control`` (control-v1): a reserved command for this follower generation only
+    (``/interrupt``, ``/kill``, ``/eof``, or the Interrupt button); never redelivered to a successor."""
+
+    type: Literal["control"]
+    action: Literal["interrupt", "kill", "eof"]
+    message_id: int | None = Field(default=None, alias="messageId")
+
+
+class ButtonItem(_Strict):
+    """Delivery type ``button`` (button-v1): an owner pressed one of this follower's inline buttons."""
+
+    type: Literal["button"]
+    data: Text
+    message_id: int | None = Field(default=None, alias="messageId")  # the message that carried the button
+    from_user_id: int | None = Field(default=None, alias="fromUserId")
+
+
+# Each delivery type beyond ``message`` has its capability in DELIVERY_CAPABILITIES.
+DeliveryItem = Annotated[Union[MessageItem, MediaItem, EditItem, ControlItem, ButtonItem],  # noqa: UP007
+                         Field(discriminator="type")]
 
 
 class Deliver(_Strict):

@@ -17,6 +17,7 @@ from topicbus.protocol import (
     CAP_DISPLAY_TITLE,
     CAP_EDIT,
     CAP_FORMAT,
+    CAP_PHOTO,
     CAP_MEDIA,
     CAP_SEND,
     DELIVERY_CAPABILITIES,
@@ -316,7 +317,7 @@ def test_deliver_round_trips() -> None:
     document = {"fileId": "F", "fileName": "r.txt", "mimeType": "text/plain", "fileSize": 4}
     item = message_item(text=None, caption="cap", messageId=17, fromUserId=1, fromName="Ada", date=1764474000,
                         document=document)
-    assert set(item) == {"type", "text", "caption", "messageId", "fromUserId", "fromName", "date", "document"}
+    assert set(item) == {"type", "text", "caption", "messageId", "fromUserId", "fromName", "date", "document", "reply"}
     frame = decode_leader_frame(encode(deliver_frame("d-1", "inst-1", "gen-1", item)))
     assert isinstance(frame, Deliver) and frame.id == "d-1"
     assert (frame.instance_id, frame.registration_generation) == ("inst-1", "gen-1")
@@ -365,7 +366,8 @@ def test_follower_ignores_unknown_fields_everywhere() -> None:
     (deliver_frame("d", "i", "g", {"type": "message", "text": 5}), "item.message.text"),
     (deliver_frame("d", "i", "g", {"type": "message", "messageId": True}), "item.message.messageId"),
     (deliver_frame("d", "i", "g", {"type": "message", "document": {"fileSize": "4"}}), "item.message.document.fileSize"),
-    (deliver_frame("d", "i", "g", {"type": "edit", "text": "x"}), "item"),
+    (deliver_frame("d", "i", "g", {"type": "teleport", "text": "x"}), "item"),
+    (deliver_frame("d", "i", "g", {"type": "edit", "text": "x"}), "item.edit.messageId"),
     (deliver_frame("d", "i", "g", {"text": "x"}), "item"),
     ({"kind": "leader.deliver", "requestId": "d"}, "item"),
     (deliver_frame("d" * 129, "i", "g", message_item(text="x")), "requestId"),
@@ -471,7 +473,10 @@ def test_unsupported_send_fields() -> None:
     assert v1.unsupported_send_fields(fancy) == ["buttons", "format", "zzz"]
     assert Capabilities.of([CAP_FORMAT, CAP_BUTTONS]).unsupported_send_fields(fancy) == ["zzz"]
     assert v1.unsupported_send_fields(text_message("x") | {"format": None}) == []  # null asks for nothing
-    assert v1.unsupported_send_fields({"type": "photo", "url": "u"}) == ["url"]
+    photo = document_message("p.png", b"x", caption="c") | {"type": "photo"}
+    assert v1.unsupported_send_fields(photo) == ["caption", "dataBase64", "fileName", "type"]  # a type v1 lacks
+    assert Capabilities.of([CAP_PHOTO]).unsupported_send_fields(photo) == []
+    assert Capabilities.of([CAP_PHOTO]).unsupported_send_fields(photo | {"url": "u"}) == ["url"]
 
 
 def test_capabilities_value_type() -> None:
