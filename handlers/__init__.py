@@ -19,6 +19,6 @@ if TYPE_CHECKING:
 def register_all(app: Application, services: LeaderServices, *, chat_id: int, owner_ids: frozenset[int]) -> None:
     topic_events.register(app, topics=services.topics, chat_id=chat_id, owner_ids=owner_ids)
     control.register(app, desk=services.control_desk, status=services.status, control=services.control,
-                     chat_id=chat_id, owner_ids=owner_ids)
+                     notices=services.notices, spawn=services.term.spawn, chat_id=chat_id, owner_ids=owner_ids)
     topic_messages.register(app, router=services.router, control=services.control, chat_id=chat_id,
                             owner_ids=owner_ids)

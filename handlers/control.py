@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
+from typing import Any
+
 from telegram import Update
 from telegram.ext import Application, CommandHandler, ContextTypes
 
@@ -9,6 +12,7 @@ from topicbus.core.board import render_board
 from topicbus.core.display import DisplayMode
 from topicbus.handlers.filters import InThread, owner_messages
 from topicbus.leader.control import ControlDesk, DisplayModeRefused
+from topicbus.leader.notices import Notices
 from topicbus.leader.status import StatusView
 from topicbus.leader.topics import ControlTopic
 from topicbus.storage.admission import AdmissionBlocked
@@ -23,56 +27,65 @@ HELP = (
 )
 
 
-def register(app: Application, *, desk: ControlDesk, status: StatusView, control: ControlTopic, chat_id: int,
-             owner_ids: frozenset[int]) -> None:
+def register(app: Application, *, desk: ControlDesk, status: StatusView, control: ControlTopic, notices: Notices,
+             spawn: Callable[[Coroutine[Any, Any, Any]], None], chat_id: int, owner_ids: frozenset[int]) -> None:
+    """Answers go to the control topic through the outbox (``notices.answer``): no Telegram call runs
+    inside the poll loop. Commands whose work calls Telegram (``/mode`` edits titles, ``/forget`` may
+    delete a topic) run in the background and answer when they are done."""
     where = owner_messages(chat_id, owner_ids) & InThread(lambda: control.thread_id)
-    board = status
+    answer = notices.answer
 
     async def status_(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        await update.effective_message.reply_text(render_board(await board.snapshot()))
+        await answer(render_board(await status.snapshot()))
 
     async def cleanup(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         args = [a.lower() for a in context.args or []]
         if args not in (["on"], ["off"]):
             current = await desk.preferences.cleanup_policy()
             shown = {True: "on", False: "off", None: "unknown"}[current]
-            await update.effective_message.reply_text(f"Usage: /cleanup on|off (currently {shown}).")
+            await answer(f"Usage: /cleanup on|off (currently {shown}).")
             return
         await desk.set_cleanup_policy(args[0] == "on")
-        await update.effective_message.reply_text(
-            "Thread cleanup is on: topics of followers proven dead are deleted." if args[0] == "on" else
-            "Thread cleanup is off: topics of followers proven dead are kept and detached.")
+        await answer("Thread cleanup is on: topics of followers proven dead are deleted." if args[0] == "on" else
+                     "Thread cleanup is off: topics of followers proven dead are kept and detached.")
 
     async def mode(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         args = context.args or []
         valid = [m.value for m in DisplayMode]
         if len(args) != 1 or args[0].lower() not in valid:
-            await update.effective_message.reply_text(
-                f"Usage: /mode {'|'.join(valid)} (currently {desk.preferences.display_mode}).")
+            await answer(f"Usage: /mode {'|'.join(valid)} (currently {desk.preferences.display_mode}).")
             return
-        try:
-            changed = await desk.set_display_mode(DisplayMode(args[0].lower()))
-        except DisplayModeRefused as exc:
-            await update.effective_message.reply_text(str(exc))
-            return
-        except AdmissionBlocked as exc:
-            await update.effective_message.reply_text(f"{exc} Try again in a moment.")
-            return
-        await update.effective_message.reply_text(f"Display mode is now {args[0].lower()} ({changed} titles changed).")
+        wanted = DisplayMode(args[0].lower())
+
+        async def apply() -> None:
+            try:
+                changed = await desk.set_display_mode(wanted)
+            except DisplayModeRefused as exc:
+                await answer(str(exc))
+            except AdmissionBlocked as exc:
+                await answer(f"{exc} Try again in a moment.")
+            else:
+                await answer(f"Display mode is now {wanted} ({changed} titles changed).")
+
+        spawn(apply())
 
     async def forget(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         args = context.args or []
         if len(args) != 1 or len(args[0]) != 1 or not args[0].isalpha():
-            await update.effective_message.reply_text("Usage: /forget <slot letter>, e.g. /forget C")
+            await answer("Usage: /forget <slot letter>, e.g. /forget C")
             return
-        try:
-            answer = await desk.forget_slot(args[0])
-        except AdmissionBlocked as exc:
-            answer = f"{exc} Try again in a moment."
-        await update.effective_message.reply_text(answer)
+
+        async def apply() -> None:
+            try:
+                text = await desk.forget_slot(args[0])
+            except AdmissionBlocked as exc:
+                text = f"{exc} Try again in a moment."
+            await answer(text)
+
+        spawn(apply())
 
     async def help_(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        await update.effective_message.reply_text(HELP)
+        await answer(HELP)
 
     app.add_handler(CommandHandler("status", status_, filters=where), group=0)
     app.add_handler(CommandHandler("cleanup", cleanup, filters=where), group=0)

@@ -23,6 +23,7 @@ from topicbus.leader.control import ControlDesk
 from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.departure import DepartureHandler, Departures
 from topicbus.leader.followers import FollowerDesk
+from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundSender
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.provisioning import TopicProvisioner
@@ -57,6 +58,7 @@ class LeaderServices:
     departures: Departures
     pruner: FollowerPruner
     outbound: OutboundSender
+    notices: Notices
     router: Router
     registrations: Registrations
     control_desk: ControlDesk
@@ -88,7 +90,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
         on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record)
     outbound = OutboundSender(term, gateway, on_topic_gone=topics.gone)
-    router = Router(term, roster, gateway, outbound.wake)
+    notices = Notices(term, control, outbound.wake)
+    router = Router(term, roster, gateway, notices, outbound.wake)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
                                   admission=admission, mutations=mutations, pruner=pruner, titles=titles,
                                   control=control, on_roster_change=display.schedule)
@@ -101,7 +104,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     return LeaderServices(term=term, gateway=gateway, roster=roster, admission=admission, mutations=mutations,
                           preferences=preferences,
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
-                          departures=departures, pruner=pruner, outbound=outbound, router=router,
+                          departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from topicbus.bot.gateway import TelegramGateway
 from topicbus.core.registry import FollowerRecord
 from topicbus.leader.delivery import FollowerConnection
+from topicbus.leader.notices import Notices
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import ErrorCode, ProtocolError, SendRequest
@@ -59,10 +60,12 @@ class RouteResult:
 
 
 class Router:
-    def __init__(self, term: LeaderTerm, roster: Roster, gateway: TelegramGateway, wake_outbound: Callable[[], None]):
+    def __init__(self, term: LeaderTerm, roster: Roster, gateway: TelegramGateway, notices: Notices,
+                 wake_outbound: Callable[[], None]):
         self._term = term
         self._roster = roster
         self._gateway = gateway
+        self._notices = notices
         self._wake_outbound = wake_outbound
         self._bindings = BindingRepository(term.db)
         self.journal = JournalRepository(term.db)
@@ -139,16 +142,8 @@ class Router:
     async def _notify_offline(self, binding_key: str, authority: Authority) -> None:
         async with self._term.unit_of_work(authority) as uow:
             first = await BindingRepository.set_offline_notified_tx(uow, binding_key)
-        if not first:
-            return
-        binding = await self._bindings.get(binding_key)
-        if binding is None or binding.thread_id is None:
-            return
-        now = self._term.now_ms()
-        await self.outbox.enqueue(binding_key=binding_key, chat_id=binding.chat_id, thread_id=binding.thread_id,
-                                  instance_id="leader", request_id=f"offline:{binding_key}:{now}", kind="notice",
-                                  payload={"text": OFFLINE_NOTICE}, now_ms=now, authority=authority)
-        self._wake_outbound()
+        if first:
+            await self._notices.post(binding_key, OFFLINE_NOTICE, authority=authority)
 
     async def receipt(self, connection: FollowerConnection, delivery_id: str) -> None:
         entry = self._roster.follower_on(connection)
