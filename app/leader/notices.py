@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from topicbus.core.budget import Priority
+from topicbus.core.formatting import utf16_len
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import ControlTopic
 from topicbus.storage.bindings import BindingRepository
@@ -20,7 +22,7 @@ LEADER_INSTANCE = "leader"  # the outbox's instance id for everything the leader
 
 
 class Notices:
-    def __init__(self, term: LeaderTerm, control: ControlTopic, wake_outbound: Callable[[], None]):
+    def __init__(self, term: LeaderTerm, control: ControlTopic, wake_outbound: Callable[[int, int | None], None]):
         self._term = term
         self._control = control
         self._wake = wake_outbound
@@ -47,5 +49,6 @@ class Notices:
         await self._outbox.enqueue(binding_key=binding_key, chat_id=chat_id, thread_id=thread_id,
                                    instance_id=LEADER_INSTANCE, request_id=f"notice:{self._term.new_id()}",
                                    kind="notice", payload={"text": text[:4096]}, now_ms=now,
-                                   authority=authority or self._term.authority())
-        self._wake()
+                                   authority=authority or self._term.authority(), priority=Priority.CONTROL,
+                                   units=utf16_len(text[:4096]))
+        self._wake(chat_id, thread_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from topicbus.core.pruning import FollowerPruner
-from topicbus.leader.outbound import OutboundSender
+from topicbus.leader.outbound import OutboundScheduler
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.registration import Registrations
 from topicbus.leader.roster import Roster
@@ -19,7 +19,7 @@ from topicbus.storage.cleanups import CleanupRepository
 
 class StatusView:
     def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, control: ControlTopic,
-                 router: Router, registrations: Registrations, outbound: OutboundSender, rotation: SlotRotation,
+                 router: Router, registrations: Registrations, outbound: OutboundScheduler, rotation: SlotRotation,
                  pruner: FollowerPruner):
         self._term = term
         self._roster = roster
