@@ -385,6 +385,13 @@ class FollowerClient(BusConnection):
         A callback already running finishes."""
         self._receiver.stop()
 
+    def redeliver(self) -> None:
+        """Ask the leader for every item not acknowledged yet (for example after declining some): the
+        client registers again, and the leader hands over, in order, what it still holds."""
+        conn = self._conn
+        if conn is not None:
+            self._request_reregister(conn)
+
     def _on_deliver(self, conn: _Conn, frame: Deliver) -> None:
         self._receiver.push(conn, frame)
 
