@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
@@ -241,8 +242,25 @@ class Child:
         return bool(lflag & termios.ECHO) or not (lflag & termios.ICANON)
 
 
-def _controlling_terminal() -> None:  # runs in the child, after setsid, with the pty as fd 0
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+_PR_SET_PDEATHSIG = 1
+try:  # looked up here, in the parent: the child only calls it
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # pragma: no cover - not Linux
+    _prctl = None
+
+
+def _in_child(pty: bool) -> Callable[[], None]:
+    """What runs in the child between fork and exec (after setsid): SIGTERM when follow dies
+    (even by SIGKILL: the child is in its own session, so no terminal signal reaches it), and under
+    a pty the terminal (fd 0) becomes its controlling terminal."""
+
+    def setup() -> None:
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if pty:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    return setup
 
 
 async def spawn(command: Sequence[str], *, cwd: str | None, stderr: str = "topic", pty: bool = False,
@@ -262,7 +280,7 @@ async def spawn(command: Sequence[str], *, cwd: str | None, stderr: str = "topic
             fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env, start_new_session=True,
-                preexec_fn=_controlling_terminal)
+                preexec_fn=_in_child(pty=True))
             return Child(process=process, pty=True, stdin_fd=master, stdout_fd=master, stderr_fd=None)
         in_read, in_write = os.pipe()
         out_read, out_write = os.pipe()
@@ -277,7 +295,8 @@ async def spawn(command: Sequence[str], *, cwd: str | None, stderr: str = "topic
         elif stderr == "merge":
             err_target = out_write
         process = await asyncio.create_subprocess_exec(
-            *command, stdin=in_read, stdout=out_write, stderr=err_target, cwd=cwd, env=env, start_new_session=True)
+            *command, stdin=in_read, stdout=out_write, stderr=err_target, cwd=cwd, env=env, start_new_session=True,
+            preexec_fn=_in_child(pty=False))
         return Child(process=process, pty=False, stdin_fd=in_write, stdout_fd=out_read, stderr_fd=err_read)
     except BaseException:
         for fd in ours:

@@ -13,7 +13,9 @@ yes/no prompts), :mod:`~topicbus.follower.capture` (reading and posting); this m
   ``kill`` (SIGTERM, then SIGKILL after 5 s), ``eof`` (stdin closed; the EOF character on a pty).
   ``button`` deliveries type their data as a line (the Yes/No buttons of a prompt).
 * Host signals: the first SIGINT goes to the child; a second within 2 s ends follow the way SIGTERM
-  does (the child gets SIGTERM, then SIGKILL after 5 s).
+  does: the child gets SIGTERM, then SIGKILL after 5 s, and follow hands its output over and exits.
+  SIGHUP does the same. The child runs in its own session, so a terminal's signals reach it only
+  through follow; if follow itself is killed, the child gets SIGTERM (``PR_SET_PDEATHSIG``).
 * The follower identity's ``pid`` is the **child's** pid (with the child's birth id).
 * When the child exits, follow stops taking deliveries at once, reads what is left of the output
   (bounded: a grandchild may hold it open), hands it all to the leader, posts ``⏹ exited with code
@@ -170,8 +172,9 @@ async def run_follow(
             raise DeliveryDeclined("the child's stdin is closed")
         if stalled.is_set():
             raise DeliveryDeclined("earlier input is still waiting for the child")
+        data = delivery_input(text, end_blocks=end_blocks)
         try:
-            await writer.write(delivery_input(text, end_blocks=end_blocks), stdin_timeout_s)
+            await writer.write(data, stdin_timeout_s)
         except StdinClosed as exc:
             raise DeliveryDeclined(str(exc)) from None
         except StdinStalled as exc:
@@ -179,7 +182,7 @@ async def run_follow(
             in_background(recover_from_stall(), "follow-stdin-stall")
             raise DeliveryDeclined(str(exc)) from None
         if child.echoes_input():
-            capture.expect_echo(text)
+            capture.expect_echo(data.decode("utf-8", "replace"))
 
     async def on_delivery(delivery: Delivery) -> None:
         if writer.gone:
@@ -273,7 +276,7 @@ async def run_follow(
             in_background(child.terminate(), "follow-stop")
 
     installed: list[int] = []
-    for signum, handler in ((signal.SIGTERM, on_sigterm), (signal.SIGINT, on_sigint)):
+    for signum, handler in ((signal.SIGTERM, on_sigterm), (signal.SIGHUP, on_sigterm), (signal.SIGINT, on_sigint)):
         try:
             loop.add_signal_handler(signum, handler)
             installed.append(signum)

@@ -25,6 +25,11 @@ from wcwidth import wcwidth
 
 __all__ = ["ScreenRenderer"]
 
+#: A row that echoed our input and keeps at most this many other characters is a prompt: not posted.
+ECHO_PROMPT_CHARS = 16
+_PROMPT_ENDS = frozenset(" >$#%:]")
+_PROMPT_CHARS = frozenset(">$#%:.")
+
 
 def _render(line, columns: int) -> str:
     """One pyte buffer row as text (wide characters once), trailing spaces removed."""
@@ -89,7 +94,8 @@ class ScreenRenderer:
         self.snapshot_interval_s = snapshot_interval_s
         self._posted = 0  # absolute row: rows before it are posted
         self._posted_cols = 0  # of that row, this many characters were posted (a partial)
-        self._echo: deque[str] = deque()
+        self._echo: deque[str] = deque()  # input lines whose echo has not been seen yet
+        self._echoed: deque[str] = deque(maxlen=4)  # the last ones seen (a line may be echoed twice)
         self._dirty = False  # screen mode: changed since the last snapshot
         self._screen_mode = False
         self._screen_mode_since = 0.0
@@ -101,7 +107,10 @@ class ScreenRenderer:
 
     def expect_echo(self, text: str) -> None:
         """Input just typed into the terminal; its lines will come back as echo."""
-        self._echo.extend(line for line in text.split("\n") if line.strip())
+        lines = text.split("\n")
+        if lines and not lines[-1]:
+            lines.pop()  # the newline that ends the text
+        self._echo.extend(lines)
 
     def feed(self, data: bytes, now: float) -> str:
         """Apply the child's output; return the text of rows that became final (each ends in ``\\n``)."""
@@ -168,12 +177,12 @@ class ScreenRenderer:
             row = self._row(absolute)
             partial = self._posted_cols if absolute == self._posted else 0
             text = row[partial:]
-            echoed = False
-            if self._echo and text.rstrip().endswith(self._echo[0].strip()):
-                echo = self._echo.popleft().strip()
-                text = text.rstrip()[: -len(echo)]
-                echoed = True
-            if echoed and not text.strip():
+            stripped = self._strip_echo(text)
+            echoed = stripped is not None
+            if echoed:
+                text = stripped
+            if echoed and len(text.strip()) <= ECHO_PROMPT_CHARS:
+                # Only the prompt is left (">>>", "...", "$", "sqlite>"): the owner knows what they typed.
                 if partial:
                     out.append("\n")  # ends the prompt posted before
                 continue
@@ -183,6 +192,33 @@ class ScreenRenderer:
             self._posted_cols = 0
         self.screen.scrolled.clear()
         return "".join(out)
+
+    def _strip_echo(self, row: str) -> str | None:
+        """``row`` without the input it echoes (None when it echoes none). Input typed while the
+        program is busy is echoed by the terminal at once and may be echoed again by readline with
+        its prompt, and rows can come in another order than the input: any of the next expected lines
+        (or of the last few seen) matches, where it ends the row and follows a prompt or a space."""
+        row = row.rstrip()
+        for pool in (self._echo, self._echoed):
+            for index, line in enumerate(list(pool)[:8]):
+                typed = line.strip()
+                if not typed:  # an empty line comes back as a bare prompt ("...", ">>>")
+                    if row and len(row) <= ECHO_PROMPT_CHARS and row[-1] in _PROMPT_CHARS and pool is self._echo:
+                        del self._echo[index]
+                        return row
+                    continue
+                if not row.endswith(typed):
+                    continue
+                before = row[: len(row) - len(typed)]
+                if before and before[-1] not in _PROMPT_ENDS:
+                    continue
+                if pool is self._echoed and not before.strip():
+                    continue  # a second echo comes with its prompt; a bare row equal to old input is output
+                if pool is self._echo:
+                    del self._echo[index]
+                    self._echoed.append(line)
+                return before
+        return None
 
     def _snapshot(self, quiet_for: float, now: float, force: bool) -> str:
         if not self._dirty:
@@ -201,6 +237,7 @@ class ScreenRenderer:
         self._last_snapshot = now
         self._screen_mode = False
         self._echo.clear()
+        self._echoed.clear()
         cursor_row = self._row(self._cursor_abs())
         self._posted = self._cursor_abs()
         self._posted_cols = len(cursor_row)

@@ -106,3 +106,18 @@ def test_full_screen_redraws_become_snapshots_at_most_every_interval() -> None:
     assert r.take_partial(1.0, 3.0) == ""  # less than 3 s since the last snapshot
     assert r.next_due(2.0) == 4.3
     assert r.take_partial(1.0, 4.3) == "load 2\ntasks 5\n"
+
+
+def test_echo_typed_ahead_and_echoed_twice_is_not_posted_but_equal_output_is() -> None:
+    r = ScreenRenderer(80, 24)
+    r.feed(b">>> ", 0)
+    assert r.take_partial(1, 1) == ">>>"
+    r.expect_echo("def f(x):\n    return x\n\n")  # --end-blocks: an empty line ends the block
+    r.expect_echo("f(1)")
+    r.expect_echo("2")
+    # the terminal echoes "f(1)" at once (typed ahead), readline echoes it again with its prompt
+    out = r.feed(b"def f(x):\r\n...     return x\r\nf(1)\r\n... \r\n>>> f(1)\r\n1\r\n>>> 2\r\n2\r\n>>> ", 2)
+    assert out == "\n1\n2\n"
+    assert r.take_partial(1, 3) == ">>>"
+    r.expect_echo("ls\n")
+    assert r.feed(b"ls\r\ntools\r\n", 4) == "\ntools\n"  # an output row ending like an input is kept
