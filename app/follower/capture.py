@@ -62,10 +62,12 @@ class OutputCapture:
             self.batcher.feed(self.renderer.feed(data, now), now)
         else:
             text = self._decoders[stream].decode(data)
+            cleaned = self._cleaners[stream].feed(text)
             for other, cleaner in self._cleaners.items():  # keep the order across streams
-                if other != stream and cleaner.has_partial and ("\n" in text):
+                if other != stream and cleaned and cleaner.has_partial:
                     self.batcher.feed(cleaner.take_partial(0, force=True) + "\n", now)
-            self.batcher.feed(self._cleaners[stream].feed(text), now)
+            self.batcher.feed(cleaned, now)
+        self.batcher.touch(now)
         self._wake.set()
 
     def _on_eof(self) -> None:

@@ -81,8 +81,8 @@ class LineCleaner:
     * :meth:`take_partial` returns the line still being written when the stream has been quiet for
       ``quiet_s`` (``redraw_quiet_s`` when that line is being redrawn with ``\\r`` or backspaces: a
       progress bar is posted only once it stops), and starts a new fragment of that line.
-    * ``mark`` is put before every line (the stderr mark); a fragment that continues a line whose
-      start was already taken does not repeat it.
+    * ``mark`` is put before every line (the stderr mark), and before the rest of a line whose start
+      was taken as a partial (it is posted apart, so it is marked again).
     """
 
     def __init__(self, *, mark: str = "", quiet_s: float = 0.25, redraw_quiet_s: float = 2.0):
@@ -90,7 +90,6 @@ class LineCleaner:
         self.quiet_s = quiet_s
         self.redraw_quiet_s = redraw_quiet_s
         self._partial = ""
-        self._continues = False  # the pending fragment continues a line whose start was taken
 
     @property
     def has_partial(self) -> bool:
@@ -104,7 +103,6 @@ class LineCleaner:
         out = []
         for raw in head.split("\n"):
             out.append(self._line(raw) + "\n")
-            self._continues = False
         self._partial = tail
         return "".join(out)
 
@@ -117,13 +115,11 @@ class LineCleaner:
             return ""
         raw = _INCOMPLETE_ESCAPE.sub("", self._partial)
         self._partial = ""
-        text = self._line(raw)
-        self._continues = True
-        return text
+        return self._line(raw)
 
     def _line(self, raw: str) -> str:
         text = render_line(raw)
-        return text if self._continues or not self.mark else self.mark + text
+        return self.mark + text if self.mark and text else text
 
 
 def dropped_marker(dropped_bytes: int) -> str:
@@ -194,6 +190,12 @@ class OutputBatcher:
             self._first_at = now
         self._last_at = now
         self._enforce_bound()
+
+    def touch(self, now: float) -> None:
+        """Output came that is not pending here yet (a line still being written): the pause that
+        makes a batch due starts again, so a prompt can join the lines before it."""
+        if self._chars:
+            self._last_at = max(self._last_at or now, now)
 
     def ready(self, now: float) -> bool:
         if self._dropped:

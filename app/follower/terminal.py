@@ -27,7 +27,7 @@ __all__ = ["ScreenRenderer"]
 
 #: A row that echoed our input and keeps at most this many other characters is a prompt: not posted.
 ECHO_PROMPT_CHARS = 16
-_PROMPT_ENDS = frozenset(" >$#%:]")
+_PROMPT_ENDS = frozenset(">$#%:]?.")
 _PROMPT_CHARS = frozenset(">$#%:.")
 
 
@@ -52,13 +52,20 @@ class _Screen(pyte.Screen):
         super().__init__(columns, lines)
         self.scrolled: list[str] = []  # rows scrolled off and not yet collected
         self.scroll_count = 0  # rows scrolled off since the start
-        self.redrawn = False  # the cursor went back on its row (\r, backspace) since the last check
+        self.redrawn = False  # characters on the cursor's row were overwritten (a bar, a spinner)
         self.floor = 0  # absolute row: rows above it were posted already
         self.rewrote = False  # something was drawn above the floor (a full-screen redraw)
 
     def draw(self, data: str) -> None:
         if self.scroll_count + self.cursor.y < self.floor:
             self.rewrote = True
+        if not self.redrawn:  # different characters drawn over others: a bar or a spinner moving
+            line, x = self.buffer[self.cursor.y], self.cursor.x
+            for offset, char in enumerate(data[: self.columns - x]):
+                old = line[x + offset].data if (x + offset) in line else " "
+                if old not in (" ", "", char):
+                    self.redrawn = True
+                    break
         super().draw(data)
 
     def index(self) -> None:
@@ -67,15 +74,6 @@ class _Screen(pyte.Screen):
             self.scrolled.append(_render(self.buffer[0], self.columns))
             self.scroll_count += 1
         super().index()
-
-    def carriage_return(self) -> None:
-        if self.cursor.x:
-            self.redrawn = True
-        super().carriage_return()
-
-    def backspace(self) -> None:
-        self.redrawn = True
-        super().backspace()
 
     def linefeed(self) -> None:
         super().linefeed()
@@ -210,9 +208,10 @@ class ScreenRenderer:
                 if not row.endswith(typed):
                     continue
                 before = row[: len(row) - len(typed)]
-                if before and before[-1] not in _PROMPT_ENDS:
-                    continue
-                if pool is self._echoed and not before.strip():
+                prompt = before.rstrip()
+                if before and (before[-1] != " " or prompt and prompt[-1] not in _PROMPT_ENDS):
+                    continue  # typed text follows a prompt and a space ("$ ", ">>> ", "[y/N] ") or stands alone
+                if pool is self._echoed and not prompt:
                     continue  # a second echo comes with its prompt; a bare row equal to old input is output
                 if pool is self._echo:
                     del self._echo[index]

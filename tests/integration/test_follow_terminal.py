@@ -360,3 +360,36 @@ async def test_secret_file_and_the_warning_for_secret(leader: FakeLeader, follow
     assert await proc.wait() == 0
     assert "warning: --secret is visible" in proc.text()
     assert leader.secret not in proc.text()
+
+
+async def test_pty_size_is_configurable(leader: FakeLeader, follow) -> None:
+    script = """
+        import os
+        size = os.get_terminal_size()
+        print("size %dx%d" % (size.columns, size.lines))
+    """
+    proc = await follow("--pty", "--pty-size", "100x30", script=script)
+    assert await proc.wait() == 0
+    assert "size 100x30" in joined(leader)
+
+
+async def test_the_hand_off_is_bounded_only_while_the_leader_is_unreachable(leader: FakeLeader,
+                                                                           tmp_path: Path) -> None:
+    from topicbus.follower.follow import run_follow
+
+    go = tmp_path / "go"
+    script = (f"import os, time\nprint('ready', flush=True)\nwhile not os.path.exists({str(go)!r}):\n"
+              "    time.sleep(0.02)\nprint('last words', flush=True)\n")
+    task = asyncio.create_task(run_follow(
+        leader_url=leader.url, secret=leader.secret, command=[sys.executable, "-c", script],
+        heartbeat_interval_s=0.05, flush_interval_s=0.05, handoff_timeout_s=1.0))
+    try:
+        await wait_text(leader, "ready")
+        leader.unavailable = True  # the leader cannot be reached ...
+        await leader.drop()
+        go.touch()  # ... when the child says its last words and exits
+        assert await asyncio.wait_for(task, 1.0 + START_S) == 0  # gave up on the leader, kept the child's code
+    finally:
+        if not task.done():
+            task.cancel()
+    assert "last words" not in joined(leader) and leader.disconnects == []

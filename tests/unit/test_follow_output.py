@@ -37,12 +37,13 @@ def test_cleaner_releases_lines_at_once_and_the_partial_line_when_quiet() -> Non
     assert c.feed("\x1b[") == "" and c.take_partial(5, force=True) == ""  # an unfinished escape is dropped
 
 
-def test_stderr_lines_are_marked_once_per_line() -> None:
+def test_stderr_lines_are_marked() -> None:
     c = LineCleaner(mark=STDERR_MARK)
     assert c.feed("Traceback\n  File x\n") == f"{STDERR_MARK}Traceback\n{STDERR_MARK}  File x\n"
     c.feed(">>> ")
     assert c.take_partial(1) == f"{STDERR_MARK}>>>"
-    assert c.feed("NameError\n") == "NameError\n"  # continues the line already marked
+    assert c.feed("NameError\n") == f"{STDERR_MARK}NameError\n"  # the rest of that line, posted apart
+    assert c.feed("\n") == "\n"  # an empty line gets no mark
 
 
 def test_yes_no_prompts() -> None:
@@ -121,3 +122,13 @@ def test_echo_typed_ahead_and_echoed_twice_is_not_posted_but_equal_output_is() -
     assert r.take_partial(1, 3) == ">>>"
     r.expect_echo("ls\n")
     assert r.feed(b"ls\r\ntools\r\n", 4) == "\ntools\n"  # an output row ending like an input is kept
+
+
+def test_an_answer_is_not_taken_for_the_echo_of_what_was_typed() -> None:
+    r = ScreenRenderer(80, 24)
+    r.feed(b"Delete everything? [y/N] ", 0)
+    assert r.take_partial(1, 1) == "Delete everything? [y/N]"
+    r.expect_echo("y\n")
+    assert r.feed(b"y\r\nyou said y\r\n", 2) == "\nyou said y\n"
+    r.expect_echo("q1\n")
+    assert r.feed(b"q1\r\nanswer:q1\r\n", 3) == "answer:q1\n"  # the terminal's echo goes, the answer stays
