@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     follow.add_argument("--format", dest="text_format", choices=("pre", "plain", "markdown"), default="pre",
                         help="how output is shown: monospace (pre, the default), plain text or Markdown")
     follow.add_argument("--end-blocks", action="store_true",
-                        help="type an empty line after each multi-line message (ends a block in Python's REPL)")
+                        help="type an empty line after each multi-line message and one-line compound statement "
+                             "(ends a block in Python's REPL)")
     follow.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
 
     status = sub.add_parser("status", help="print the leader's view (followers, bindings, cleanups, rotation)")

@@ -15,6 +15,7 @@ __all__ = ["INBOX_DIR", "delivery_input", "delivery_text", "save_document"]
 INBOX_DIR = os.path.join(".topicbus", "inbox")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
 _LINE_BREAK = re.compile(r"\r\n|\r")
+_COMPOUND = re.compile(r"\s*(async\s+)?(for|while|if|with|def|class|try|match)\b.*:")
 
 
 def delivery_text(delivery: Delivery, saved_path: str | None = None) -> str | None:
@@ -38,10 +39,11 @@ def delivery_text(delivery: Delivery, saved_path: str | None = None) -> str | No
 
 
 def delivery_input(text: str, *, end_blocks: bool = False) -> bytes:
-    """The bytes written to the child for ``text``: its lines, then a newline; with ``end_blocks`` a
-    multi-line text gets one more, empty, line (it ends an indented block in Python's REPL)."""
+    """The bytes written to the child for ``text``: its lines, then a newline. With ``end_blocks``
+    one more, empty, line follows a multi-line text or a one-line compound statement
+    (``while True: pass``): it ends the block in Python's REPL."""
     data = text + "\n"
-    if end_blocks and "\n" in text:
+    if end_blocks and ("\n" in text or _COMPOUND.match(text)):
         data += "\n"
     return data.encode("utf-8", "surrogatepass")
 

@@ -168,6 +168,8 @@ def test_delivery_input() -> None:
     assert delivery_input(block) == b"def f(x):\n    return x\n"
     assert delivery_input(block, end_blocks=True) == b"def f(x):\n    return x\n\n"
     assert delivery_input("one line", end_blocks=True) == b"one line\n"
+    assert delivery_input("while True: pass", end_blocks=True) == b"while True: pass\n\n"
+    assert delivery_input("while True: pass") == b"while True: pass\n"
     assert delivery_input("é") == "é\n".encode()
 
 
