@@ -299,16 +299,28 @@ async def _start_sh(follow, command: str) -> Follow:
     return await follow(script=f"import os; os.execvp('sh', ['sh', '-c', {command!r}])")
 
 
+def _gone(pid: int) -> bool:
+    """The process exited (reaped, or a zombie waiting for follow to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 async def test_messages_after_the_child_exited_are_not_acknowledged(leader: FakeLeader, follow) -> None:
-    proc = await _start_sh(follow, "echo started; sleep 25 & read line; exit 3")
+    # The background loop keeps printing for ever: follow reads it for a bounded time after the
+    # shell exits, which leaves a window in which messages still arrive.
+    proc = await _start_sh(follow, "(while :; do echo tick; sleep 0.05; done) & read line; exit 3")
     pid = child_pid(leader)
     try:
-        await wait_text(leader, "started")
+        await wait_text(leader, "tick")
         first = await leader.deliver("go")  # read by the shell, which exits
+        await wait_until(lambda: _gone(pid), timeout=5, message="the shell's exit")
         later = [await leader.deliver(f"after {i}") for i in range(5)]
         assert await proc.wait(timeout=START_S) == 3
         acknowledged = [r["requestId"] for r in leader.receipts]
         assert first in acknowledged and not set(later) & set(acknowledged)
+        assert leader.sent_texts()[-1].startswith("⏹ exited with code 3 after ")
     finally:
         try:
             os.killpg(pid, signal.SIGKILL)
