@@ -24,7 +24,8 @@ async def test_topic_created_and_echo_round_trip(cluster: Cluster, tmp_path):
     await cluster.wait_text(thread, "agent ready")
 
     cluster.fake.push_message(CHAT_ID, "hello\nworld", thread_id=thread, from_id=OWNER_ID)
-    await cluster.wait_text(thread, "echo: hello world")
+    await cluster.wait_text(thread, "echo: world")  # a multi-line message arrives as its lines
+    assert "echo: hello\necho: world" in "\n".join(cluster.texts_in(thread))
 
     cluster.fake.push_message(CHAT_ID, "bye", thread_id=thread, from_id=OWNER_ID)
     assert await follower.wait() == 3
