@@ -28,7 +28,7 @@ from topicbus.protocol import (
     ButtonItem,
     Capabilities,
     ControlItem,
-    LEADER_CAPABILITIES,
+    LEADER_V1_CAPABILITIES,
     MAX_FRAME_BYTES,
     FollowerRequest,
     HeartbeatResult,
@@ -61,7 +61,7 @@ class FakeConnection:
 
 class FakeLeader:
     def __init__(self, secret: str = "bus-secret-for-tests", *, chat_id: int = -1001, thread_id: int = 77,
-                 capabilities: Iterable[str] = LEADER_CAPABILITIES):
+                 capabilities: Iterable[str] = LEADER_V1_CAPABILITIES):
         self.secret = secret
         self.capabilities = frozenset(capabilities)  # advertised in registration acks; may be changed
         self.chat_id = chat_id

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -52,6 +52,7 @@ from topicbus.follower.connection import (
 from topicbus.follower.receiving import Receiver
 from topicbus.follower.model import (
     Assignment,
+    Button,
     ButtonPress,
     Control,
     Delivery,
@@ -61,6 +62,7 @@ from topicbus.follower.model import (
     FollowerRefused,
     FollowerSendError,
     FollowerSuperseded,
+    split_markdown,
     split_text,
 )
 from topicbus.protocol import (
@@ -74,6 +76,7 @@ from topicbus.protocol import (
     Deliver,
     ErrorCode,
     SendResult,
+    TextFormat,
     chat_action_message,
     document_message,
     send_frame,
@@ -82,6 +85,7 @@ from topicbus.protocol import (
 
 __all__ = [
     "Assignment",
+    "Button",
     "ButtonPress",
     "Control",
     "Delivery",
@@ -122,6 +126,7 @@ class FollowerClient(BusConnection):
         request_timeout_s: float = 10.0,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 5.0,
+        backlog_wait_s: float = 60.0,
         build: str = "topicbus-follower/1",
     ):
         # The delivery types this client hands to user code, and so advertises (docs/protocol.md,
@@ -141,6 +146,7 @@ class FollowerClient(BusConnection):
         self._close_started = False
         self._closed = asyncio.Event()
         self._send_lock = asyncio.Lock()
+        self._backlog_wait_s = backlog_wait_s  # how long a send waits out backlog-full before raising
         self._receiver = Receiver(on_delivery=on_delivery, on_control=on_control, on_button=on_button,
                                   receipt=self._receipt, stopping=lambda: self._stopping)
         self._main_task: asyncio.Task[None] | None = None
@@ -303,16 +309,28 @@ class FollowerClient(BusConnection):
 
     # ---- sending ------------------------------------------------------------------------------
 
-    async def send_text(self, text: str) -> list[int]:
-        """Post ``text`` to the follower's topic: split at 4096 characters (see :func:`split_text`),
-        one ``follower.send`` per chunk, in order. Whitespace-only chunks are skipped (Telegram
-        refuses them). Returns the leader's outbox ids."""
+    async def send_text(self, text: str, format: TextFormat | None = None,  # noqa: A002 - the wire name
+                        buttons: Sequence[Sequence[Button]] | None = None) -> list[int]:
+        """Post ``text`` to the follower's topic: split at 4096 characters (see :func:`split_text`;
+        Markdown never breaks a code block), one ``follower.send`` per chunk, in order.
+        Whitespace-only chunks are skipped (Telegram refuses them). Returns the leader's outbox ids.
+
+        ``format``: ``"plain"`` (default), ``"markdown"`` (converted to Telegram entities by the
+        leader), ``"html"`` (Telegram's HTML; plain text when Telegram cannot parse it) or ``"pre"``
+        (monospace). ``buttons``: rows of :class:`Button` under the (last) message; a press comes back
+        to ``on_button``. Both need a leader that advertised them; otherwise the client refuses the
+        send before anything goes out (``unsupported-by-leader``)."""
+        chunks = split_markdown(text) if format == "markdown" else split_text(text, MAX_TEXT_CHARS)
+        chunks = [c for c in chunks if c.strip()]
         ids: list[int] = []
         async with self._send_lock:
-            for chunk in split_text(text, MAX_TEXT_CHARS):
-                if not chunk.strip():
-                    continue
-                ids.append(await self._send_locked(text_message(chunk)))
+            for index, chunk in enumerate(chunks):
+                message = text_message(chunk)
+                if format is not None and format != "plain":
+                    message["format"] = format
+                if buttons and index == len(chunks) - 1:
+                    message["buttons"] = [[{"text": b.text, "data": b.data} for b in row] for row in buttons]
+                ids.append(await self._send_locked(message))
         return ids
 
     async def send_chat_action(self, action: str = "typing") -> None:
@@ -326,6 +344,17 @@ class FollowerClient(BusConnection):
             raise ValueError(f"document is {len(data)} bytes; the bus carries at most {MAX_DOCUMENT_BYTES}")
         async with self._send_lock:
             return await self._send_locked(document_message(file_name, data, caption))
+
+    async def send_photo(self, file_name: str, data: bytes, caption: str | None = None) -> int:
+        """Post an image (PNG, JPEG, WebP; at most 512 KiB) shown as a photo; returns the outbox id.
+        Needs a leader with ``photo-v1`` (else ``unsupported-by-leader``); Telegram refusing it as a
+        photo makes the leader send the same bytes as a file."""
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise ValueError(f"photo is {len(data)} bytes; the bus carries at most {MAX_DOCUMENT_BYTES}")
+        message = document_message(file_name, data, caption)
+        message["type"] = "photo"
+        async with self._send_lock:
+            return await self._send_locked(message)
 
     async def send_message(self, message: dict[str, Any]) -> int:
         """Post one ``follower.send`` message as written in docs/protocol.md (``{"type": "text", …}``);
@@ -342,6 +371,7 @@ class FollowerClient(BusConnection):
         min_serial = 0
         backoff = self._new_backoff()
         maybe_stored = False  # an attempt whose answer we never saw may have been stored
+        full_since: float | None = None  # the leader answered backlog-full (backpressure) since then
         while True:
             conn = await self._wait_for_registration(min_serial)
             _check_leader_accepts(conn.leader, message)  # per registration: a leader may be replaced
@@ -367,6 +397,16 @@ class FollowerClient(BusConnection):
                 continue
             if code in _PERMANENT_SEND_CODES:
                 raise FollowerSendError(code, text)
+            if code == ErrorCode.BACKLOG_FULL.value:
+                # Backpressure: the leader holds as much of this follower's output as it takes; wait
+                # for Telegram to drain it, then give up with a clear error.
+                now = asyncio.get_running_loop().time()
+                full_since = now if full_since is None else full_since
+                if now - full_since > self._backlog_wait_s:
+                    raise FollowerSendError(code, text)
+                await asyncio.sleep(backoff.next())
+                continue
+            full_since = None
             if code == ErrorCode.REQUEST_ID_COLLISION.value:
                 if maybe_stored:
                     raise FollowerSendError(code, text)

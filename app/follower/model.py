@@ -101,6 +101,15 @@ class ButtonPress:
     from_user_id: int | None
 
 
+@dataclass(frozen=True)
+class Button:
+    """One inline button under a message: its label, and the data a press sends back
+    (``on_button`` receives it as :class:`ButtonPress`)."""
+
+    text: str
+    data: str
+
+
 class DeliveryDeclined(Exception):
     """Raised by a delivery callback for an item it could not take (for example: the child's stdin is
     closed). The item is not acknowledged, so the leader keeps it and hands it to the next follower of
@@ -142,4 +151,23 @@ def split_text(text: str, limit: int = MAX_TEXT_CHARS) -> list[str]:
         else:
             chunks.append(text[start : start + limit])
             start += limit
+    return chunks
+
+
+_FENCE = ("```", "~~~")
+
+
+def split_markdown(text: str, limit: int = MAX_TEXT_CHARS) -> list[str]:
+    """:func:`split_text` for Markdown that never leaves a fenced code block broken: a chunk that ends
+    inside a fence closes it, and the next chunk opens it again (with its language), so every chunk
+    renders on its own and a code block stays a code block on both sides."""
+    chunks: list[str] = []
+    opened: str | None = None  # the fence line currently open, e.g. "```python"
+    for chunk in split_text(text, max(16, limit - 16)):  # room for a closing and a reopening fence
+        body = f"{opened}\n{chunk}" if opened else chunk
+        for line in chunk.split("\n"):
+            stripped = line.strip()
+            if stripped.startswith(_FENCE):
+                opened = None if opened is not None else stripped
+        chunks.append(f"{body}\n{opened[:3]}" if opened else body)
     return chunks

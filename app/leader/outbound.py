@@ -162,6 +162,30 @@ class OutboundScheduler:
     def budget_used(self) -> int:
         return self.budget.used(time.monotonic())
 
+    def metrics(self) -> dict[str, float]:
+        """The budget, the backlog and the economy of output, for /metrics."""
+        now = time.monotonic()
+        stats = self.stats
+        backlog = self.backlog().values()
+        spent = stats.messages + stats.edits + stats.files + stats.pings
+        return {"topicbus_budget_used": self.budget.used(now),
+                "topicbus_budget_per_minute": self.budget.config.per_minute or 0,
+                "topicbus_budget_paused_seconds": max(0.0, self.budget.paused_until - now),
+                "topicbus_outbox_backlog_items": sum(items for items, _ in backlog),
+                "topicbus_outbox_backlog_chars": sum(units for _, units in backlog),
+                "topicbus_outbound_edits_total": stats.edits, "topicbus_outbound_files_total": stats.files,
+                "topicbus_output_chars_total": stats.units_sent,
+                "topicbus_messages_per_kb": spent / (stats.units_sent / 1000) if stats.units_sent else 0.0}
+
+    def budget_view(self) -> dict[str, Any]:
+        """The chat's allowance for status: spent in the last window, the limits, any pause left."""
+        now = time.monotonic()
+        config = self.budget.config
+        return {"usedLastMinute": self.budget.used(now), "perMinute": config.per_minute,
+                "perSecond": config.per_second, "reserve": config.reserve,
+                "pausedForS": round(max(0.0, self.budget.paused_until - now), 1),
+                "retryAfterHits": self.budget.retry_after_hits}
+
     # --- the loop -------------------------------------------------------------------------------------
     async def _run(self) -> None:
         while True:

@@ -144,6 +144,7 @@ class LeaderProcess:
                                               "0.99": router.latency.quantile(0.99) or 0},
                 "topicbus_display_passes_total": services.display.passes,
                 "topicbus_display_edits_total": services.display.edits,
+                **services.outbound.metrics(),
             })
         return values
 

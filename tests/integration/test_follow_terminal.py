@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from topicbus.protocol import CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, LEADER_CAPABILITIES
+from topicbus.protocol import CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, LEADER_V1_CAPABILITIES
 from tests.fakeleader import FakeLeader
 from tests.support.waiting import wait_until
 
@@ -28,7 +28,7 @@ TOKEN = "123456:not-a-real-bot-token"
 
 @pytest.fixture
 async def leader() -> AsyncIterator[FakeLeader]:
-    async with FakeLeader(capabilities=LEADER_CAPABILITIES | {CAP_BUTTONS}) as server:
+    async with FakeLeader(capabilities=LEADER_V1_CAPABILITIES | {CAP_BUTTONS}) as server:
         yield server
 
 
