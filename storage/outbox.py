@@ -64,8 +64,8 @@ class OutboxRepository:
             """SELECT id, kind, priority, units, format, has_buttons, created_at_ms FROM outbox
                WHERE status = 'pending' AND chat_id = ? AND thread_id IS ? ORDER BY id LIMIT ?""",
             (chat_id, thread_id, limit))
-        return [QueuedItem(r["id"], r["kind"], r["units"], r["format"], Priority(r["priority"]), r["created_at_ms"],
-                           bool(r["has_buttons"])) for r in rows]
+        return [QueuedItem(r["id"], r["kind"], r["units"], r["format"], Priority(r["priority"]),
+                           arrived_ms=r["created_at_ms"], has_buttons=bool(r["has_buttons"])) for r in rows]
 
     async def payloads(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         if not ids:

@@ -188,7 +188,8 @@ class FakeBotApi:
         self._next_update_id = 1
         self._active_poll: _Poll | None = None
         self._faults: dict[str, list[_Fault]] = defaultdict(list)
-        self._flood: tuple[int, int] | None = None
+        self._flood: tuple[int, int | None, float, float | None] | None = None
+        self.keep_document_bytes = True  # False: record documents without their bytes (large floods)
         self._flood_log: dict[Any, deque[float]] = defaultdict(deque)
         self._changed = asyncio.Event()
         self._closed = asyncio.Event()
@@ -823,14 +824,14 @@ class FakeBotApi:
             raise ApiError(400, "Bad Request: wrong file identifier/HTTP URL specified")
         message_id = self._alloc_id(chat.id)
         file_id = f"doc-{chat.id}-{message_id}"
-        self._files[file_id] = (file_name, data)
+        self._files[file_id] = (file_name, data if self.keep_document_bytes else b"")
         content: JSON = {"document": {"file_id": file_id, "file_unique_id": f"u{file_id}",
                                       "file_name": file_name, "file_size": len(data)}}
         if caption is not None:
             content["caption"] = caption
         msg = self._build_message(chat.id, thread_id, self._bot_from(), content, message_id)
         self._record(chat.id, thread_id, "document", caption=caption, document_name=file_name,
-                     document_bytes=data, message_id=message_id, silent=bool(p.get("disable_notification")),
+                     document_bytes=data if self.keep_document_bytes else None, message_id=message_id, silent=bool(p.get("disable_notification")),
                      entities=list(p.get("caption_entities") or []))
         return msg
 

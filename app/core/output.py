@@ -39,7 +39,7 @@ class QueuedItem:
     units: int  # UTF-16 units of its text (0 for non-text)
     fmt: str | None
     priority: Priority
-    created_ms: int
+    arrived_ms: int  # when the scheduler first saw it (its clock)
     has_buttons: bool = False
 
 
@@ -70,6 +70,7 @@ class StreamState:
     """What the planner remembers of one topic between sends (in memory; a restart starts afresh)."""
 
     last_sent_ms: int | None = None  # the last message or edit
+    last_output_ms: int | None = None  # when the newest output it sent had arrived
     owes_ping: bool = False  # something went out silently since the last notifying message
     last_line: str = ""
     live: LiveMessage | None = None
@@ -144,7 +145,7 @@ def plan(queue: Sequence[QueuedItem], stream: StreamState, now_ms: int, cfg: Out
     """The one next send for a topic (see the module docstring)."""
     if not queue:
         if stream.owes_ping and stream.last_sent_ms is not None:
-            due = stream.last_sent_ms + cfg.quiet_ms
+            due = max(stream.last_sent_ms, stream.last_output_ms or 0) + cfg.quiet_ms
             return Ping() if now_ms >= due else Wait(due)
         return Idle()
     head = queue[0]
@@ -155,7 +156,9 @@ def plan(queue: Sequence[QueuedItem], stream: StreamState, now_ms: int, cfg: Out
     run = coalescible(queue)
     if cfg.file_threshold and _units(run) > cfg.file_threshold:
         return AsFile(tuple(fitting(run, cfg.max_file_units) or run[:1]))
-    burst_start = stream.last_sent_ms is None or now_ms - stream.last_sent_ms > cfg.quiet_ms
+    # A burst starts when this output came after the stream had been quiet (measured between outputs,
+    # not sends: output waiting for its edit turn is still the same stream).
+    burst_start = stream.last_output_ms is None or head.arrived_ms - stream.last_output_ms > cfg.quiet_ms
     live = stream.live
     if not burst_start and live is not None and cfg.live_window_ms and live.fmt == head.fmt \
             and now_ms - live.started_ms < cfg.live_window_ms:
@@ -175,19 +178,23 @@ class TopicTurn:
     stream: StreamState = field(default_factory=StreamState)
 
     def sent_message(self, now_ms: int, *, notify: bool, message_id: int | None, fmt: str | None, raw: str,
-                     units: int, growable: bool) -> None:
+                     units: int, growable: bool, arrived_ms: int | None = None) -> None:
         s = self.stream
         s.last_sent_ms = now_ms
+        if arrived_ms is not None:
+            s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
         s.owes_ping = not notify
         s.last_line = _last_line(raw) or s.last_line
         s.live = LiveMessage(message_id, fmt, raw, units, now_ms, now_ms) \
             if growable and message_id is not None else None
 
-    def extended(self, now_ms: int, raw: str, units: int) -> None:
+    def extended(self, now_ms: int, raw: str, units: int, arrived_ms: int | None = None) -> None:
         s = self.stream
         assert s.live is not None
         s.live.raw, s.live.units, s.live.last_edit_ms = raw, units, now_ms
         s.last_sent_ms = now_ms
+        if arrived_ms is not None:
+            s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
         s.owes_ping = True
         s.last_line = _last_line(raw) or s.last_line
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -108,6 +109,7 @@ class OutboundScheduler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._served = itertools.count(1)
+        self._arrived: dict[int, int] = {}  # outbox id -> when this scheduler first saw it (monotonic ms)
         self._seq = itertools.count()
         self.stats = OutboundStats()
 
@@ -218,11 +220,16 @@ class OutboundScheduler:
         dirty, self._dirty = self._dirty, set()
         for key in dirty:
             topic = self._topics.setdefault(key, _Topic())
-            topic.heads = await self._repo.heads(key[0], key[1], HEADS)
+            topic.heads = self._stamped(await self._repo.heads(key[0], key[1], HEADS))
             if len(topic.heads) < HEADS:
                 topic.items, topic.units = len(topic.heads), sum(i.units for i in topic.heads)
             else:
                 topic.items, topic.units = await self._count(key)
+
+    def _stamped(self, heads: list[QueuedItem]) -> list[QueuedItem]:
+        """The heads with their arrival on this scheduler's clock (a burst is measured between outputs)."""
+        now_ms = int(time.monotonic() * 1000)
+        return [dataclasses.replace(i, arrived_ms=self._arrived.setdefault(i.id, now_ms)) for i in heads]
 
     async def _count(self, key: TopicKey) -> tuple[int, int]:
         for backlog in await self._repo.topics():
@@ -299,11 +306,12 @@ class OutboundScheduler:
         self._calls.remove(call)
         if call.key in self._topics:
             self._topics[call.key].served = next(self._served)
-        self.budget.record(now, spends=call.spends)
         try:
             result = await call.fn()
         except Exception as exc:  # noqa: BLE001 - a gateway never raises; this is a bug guard
             result = CallResult(Outcome.AMBIGUOUS, type(exc).__name__)
+        finally:
+            self.budget.record(time.monotonic(), spends=call.spends)
         if result.outcome is Outcome.RETRY_AFTER:
             self.budget.pause(time.monotonic(), result.retry_after_s)
             if time.monotonic() + result.retry_after_s < call.deadline:
@@ -313,8 +321,11 @@ class OutboundScheduler:
             call.future.set_result(result)
 
     async def _send(self, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]]) -> CallResult:
-        self.budget.record(time.monotonic(), spends=spends)
-        return await coro_fn()
+        """One call; it is counted when its answer came (so the count never runs ahead of Telegram's)."""
+        try:
+            return await coro_fn()
+        finally:
+            self.budget.record(time.monotonic(), spends=spends)
 
     async def _single(self, key: TopicKey, topic: _Topic, item: QueuedItem, now: float) -> None:
         payload = (await self._repo.payloads([item.id])).get(item.id, {})
@@ -358,7 +369,8 @@ class OutboundScheduler:
         if await self._settle(key, topic, step.items, result, message_id):
             growable = head.kind == "text" and not head.has_buttons and len(parts) == 1
             topic.turn.sent_message(int(time.monotonic() * 1000), notify=step.notify, message_id=message_id,
-                                    fmt=head.fmt, raw=raw, units=utf16_len(raw), growable=growable)
+                                    fmt=head.fmt, raw=raw, units=utf16_len(raw), growable=growable,
+                                    arrived_ms=max(i.arrived_ms for i in step.items))
             self.stats.messages += len(parts)
             if head.kind == "text":
                 self.stats.units_sent += utf16_len(raw)
@@ -389,14 +401,15 @@ class OutboundScheduler:
             topic.turn.stream.live = None  # the message cannot be edited (deleted, too old): start anew
             return
         if await self._settle(key, topic, step.items, result, live.message_id):
-            topic.turn.extended(int(time.monotonic() * 1000), raw, utf16_len(raw))
+            topic.turn.extended(int(time.monotonic() * 1000), raw, utf16_len(raw),
+                                arrived_ms=max(i.arrived_ms for i in step.items))
             self.stats.edits += 1
             self.stats.units_sent += utf16_len(added)
 
     async def _as_file(self, key: TopicKey, topic: _Topic, step: AsFile, now: float) -> None:
         items = step.items
         if len(items) == len(topic.heads) == HEADS:  # the run may go on beyond the heads read so far
-            more = await self._repo.heads(key[0], key[1], FILE_HEADS)
+            more = self._stamped(await self._repo.heads(key[0], key[1], FILE_HEADS))
             items = tuple(fitting(coalescible(more), self._output.max_file_units)) or items
         raw, _ = await self._texts(items)
         stamp = datetime.now(UTC).strftime("%H%M%S")
@@ -408,7 +421,8 @@ class OutboundScheduler:
         message_id = result.value if isinstance(result.value, int) else None
         if await self._settle(key, topic, items, result, message_id):
             topic.turn.sent_message(int(time.monotonic() * 1000), notify=False, message_id=message_id,
-                                    fmt=items[0].fmt, raw=raw, units=utf16_len(raw), growable=False)
+                                    fmt=items[0].fmt, raw=raw, units=utf16_len(raw), growable=False,
+                                    arrived_ms=max(i.arrived_ms for i in items))
             self.stats.files += 1
             self.stats.units_sent += utf16_len(raw)
 
@@ -430,6 +444,8 @@ class OutboundScheduler:
         ids = [i.id for i in items]
         if result.ok:
             await self._repo.mark_sent(ids, self._term.now_ms(), message_id, authority)
+            for item_id in ids:
+                self._arrived.pop(item_id, None)
             topic.backoff.reset()
             self.wake(*key)
             return True
@@ -451,6 +467,7 @@ class OutboundScheduler:
             await self._reopen(key, topic, ids[0])
         else:
             await self._repo.mark_failed(ids[0], f"{result.outcome}: {result.message}", authority)
+            self._arrived.pop(ids[0], None)
             self.stats.failed += 1
             self._term.events.record("Telegram rejected output", phase="outbox-rejected", level="WARNING",
                                      chatId=chat, threadId=thread, error=result.message)

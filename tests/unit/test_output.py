@@ -10,14 +10,14 @@ CFG = OutputConfig(max_message=100, file_threshold=300, live_window_ms=60_000, e
 
 
 def text(item_id: int, units: int = 10, *, fmt: str | None = "pre", kind: str = "text",
-         buttons: bool = False) -> QueuedItem:
+         buttons: bool = False, arrived_ms: int = 10_000) -> QueuedItem:
     priority = Priority.CONTROL if kind == "notice" else Priority.OUTPUT
-    return QueuedItem(item_id, kind, units, fmt, priority, 0, buttons)
+    return QueuedItem(item_id, kind, units, fmt, priority, arrived_ms, buttons)
 
 
-def streaming(*, last_sent_ms: int, live_units: int = 20, started_ms: int = 0, last_edit_ms: int = 0) -> StreamState:
-    return StreamState(last_sent_ms=last_sent_ms, live=LiveMessage(7, "pre", "x" * live_units, live_units,
-                                                                    started_ms, last_edit_ms))
+def streaming(*, last_output_ms: int, live_units: int = 20, started_ms: int = 0, last_edit_ms: int = 0) -> StreamState:
+    return StreamState(last_sent_ms=last_output_ms, last_output_ms=last_output_ms,
+                       live=LiveMessage(7, "pre", "x" * live_units, live_units, started_ms, last_edit_ms))
 
 
 def test_an_answer_that_fits_goes_at_once_and_notifies() -> None:
@@ -49,25 +49,27 @@ def test_a_long_backlog_becomes_one_file() -> None:
 
 
 def test_a_slow_stream_grows_its_message_by_edits_at_most_every_interval() -> None:
-    stream = streaming(last_sent_ms=9_000, last_edit_ms=8_000)
+    stream = streaming(last_output_ms=9_000, last_edit_ms=8_000)
     assert plan([text(1)], stream, 10_000, CFG) == Wait(12_000)
-    stream = streaming(last_sent_ms=11_000, last_edit_ms=8_000)
+    # Waiting for the edit turn does not end the stream: the burst is measured between outputs.
     assert plan([text(1)], stream, 12_000, CFG) == Extend((text(1),))
 
 
 def test_no_edit_when_the_message_is_full_old_or_the_stream_had_paused() -> None:
-    assert plan([text(1, 90)], streaming(last_sent_ms=11_000), 12_000, CFG) == NewMessage((text(1, 90),), notify=False)
-    old = streaming(last_sent_ms=61_000, started_ms=0)
-    assert isinstance(plan([text(1)], old, 62_000, CFG), NewMessage)
-    paused = streaming(last_sent_ms=1_000)  # quiet for more than 3 s: a new answer
+    assert plan([text(1, 90)], streaming(last_output_ms=9_000), 12_000, CFG) == NewMessage(
+        (text(1, 90),), notify=False)
+    old = streaming(last_output_ms=61_000, started_ms=0)
+    assert isinstance(plan([text(1, arrived_ms=62_000)], old, 62_000, CFG), NewMessage)
+    paused = streaming(last_output_ms=1_000)  # the output came more than 3 s after the last: a new answer
     assert plan([text(1)], paused, 12_000, CFG) == NewMessage((text(1),), notify=True)
-    assert isinstance(plan([text(1)], streaming(last_sent_ms=11_000), 12_000,
+    assert isinstance(plan([text(1)], streaming(last_output_ms=9_000), 12_000,
                            OutputConfig(max_message=100, live_window_ms=0)), NewMessage)
 
 
 def test_a_silent_stream_ends_with_one_ping_after_the_quiet_time() -> None:
     turn = TopicTurn()
-    turn.sent_message(1_000, notify=False, message_id=5, fmt="pre", raw="a\nlast line", units=11, growable=True)
+    turn.sent_message(1_000, notify=False, message_id=5, fmt="pre", raw="a\nlast line", units=11, growable=True,
+                      arrived_ms=900)
     assert plan([], turn.stream, 2_000, CFG) == Wait(4_000)
     assert plan([], turn.stream, 4_000, CFG) == Ping()
     assert turn.ping_text() == "✓ last line"
