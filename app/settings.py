@@ -38,12 +38,14 @@ class Settings(BaseSettings):
     rate_limit_per_second: float = Field(default=30.0, gt=0)
     rate_limit_per_chat_per_minute: float = Field(default=20.0, gt=0)
     rate_limit_per_chat_per_second: float = Field(default=1.0, gt=0)
+    rate_limit_window_s: float = Field(default=60.0, gt=0)  # Telegram's minute; shorter only to compress time
     budget_reserve: int = Field(default=4, ge=0)
 
     # --- leader: how output looks ------------------------------------------------------------
     output_file_threshold: int = Field(default=3 * 4096, ge=0)  # UTF-16 units; 0: never a file
     live_message_s: float = Field(default=60.0, ge=0)  # 0: never grow a message by edits
     stream_quiet_s: float = Field(default=3.0, gt=0)
+    output_coalesce: bool = True  # False: one message per output item, as the first release (comparisons)
     outbox_max_items: int = Field(default=1000, gt=0)  # per follower
     outbox_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # per follower
 

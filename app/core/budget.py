@@ -43,10 +43,11 @@ class BudgetConfig:
 
     @classmethod
     def for_chat(cls, chat_id: int, *, per_minute: float, per_second: float, reserve: int,
-                 overall_per_second: float) -> BudgetConfig:
+                 overall_per_second: float, window_s: float = 60.0) -> BudgetConfig:
         """Groups (negative ids) get the window; private-chat topics get 1/s only."""
         return cls(per_minute=per_minute if chat_id < 0 else None, per_second=per_second,
-                   reserve=min(reserve, max(0, int(per_minute) - 1)), overall_per_second=overall_per_second)
+                   reserve=min(reserve, max(0, int(per_minute) - 1)), overall_per_second=overall_per_second,
+                   window_s=window_s)
 
 
 class ChatBudget:

@@ -53,9 +53,9 @@ def outbound_options(s: Settings) -> OutboundOptions:
     """The chat's budget and the shape of output, from the environment."""
     budget = BudgetConfig.for_chat(s.chat_id or 0, per_minute=s.rate_limit_per_chat_per_minute,
                                    per_second=s.rate_limit_per_chat_per_second, reserve=s.budget_reserve,
-                                   overall_per_second=s.rate_limit_per_second)
+                                   overall_per_second=s.rate_limit_per_second, window_s=s.rate_limit_window_s)
     output = OutputConfig(file_threshold=s.output_file_threshold, live_window_ms=int(s.live_message_s * 1000),
-                          quiet_ms=int(s.stream_quiet_s * 1000))
+                          quiet_ms=int(s.stream_quiet_s * 1000), coalesce=s.output_coalesce)
     return OutboundOptions(budget=budget, output=output, max_items=s.outbox_max_items, max_bytes=s.outbox_max_bytes)
 
 
