@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
-from telegram import Bot
+from telegram import Bot, ReactionTypeEmoji
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
 
 
@@ -107,6 +107,12 @@ class TelegramGateway:
         return await self._call(self.bot.send_document(
             chat_id=chat_id, message_thread_id=thread_id, document=io.BytesIO(data), filename=file_name,
             caption=caption))
+
+    async def set_message_reaction(self, chat_id: int, message_id: int, emoji: str) -> CallResult:
+        """One emoji reaction on a message (replacing the bot's earlier one). Telegram accepts only
+        emoji from its reaction list (👀, 👍, ✍ …); anything else is REACTION_INVALID (rejected)."""
+        return await self._call(self.bot.set_message_reaction(chat_id=chat_id, message_id=message_id,
+                                                              reaction=[ReactionTypeEmoji(emoji)]))
 
     async def download(self, file_id: str) -> CallResult:
         """getFile + download; Bot API bots can fetch files up to 20 MB."""

@@ -19,14 +19,17 @@ from topicbus.core.liveness import LivenessPort
 from topicbus.core.mutations import FollowerMutationQueue
 from topicbus.core.pruning import FollowerPruner
 from topicbus.core.startup import Timers
+from topicbus.leader.agent_commands import AgentCommands, OfflineQueue
 from topicbus.leader.control import ControlDesk
 from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.departure import DepartureHandler, Departures
 from topicbus.leader.followers import FollowerDesk
+from topicbus.leader.inbound import InboundScreen
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundSender
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.provisioning import TopicProvisioner
+from topicbus.leader.reactions import ReceiptReactions, reaction_emoji
 from topicbus.leader.registration import Registrations
 from topicbus.leader.roster import Roster
 from topicbus.leader.rotation import SlotRotation
@@ -64,13 +67,23 @@ class LeaderServices:
     control_desk: ControlDesk
     status: StatusView
     followers: FollowerDesk
+    agent_commands: AgentCommands
+    reactions: ReceiptReactions
 
 
 def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
              default_display_mode: DisplayMode, stale_after_ms: int,
-             display_debounce_s: float = DEBOUNCE_S) -> LeaderServices:
+             display_debounce_s: float = DEBOUNCE_S, offline_ttl_s: float = 86_400.0,
+             receipt_reaction: str | None = "👀") -> LeaderServices:
     gateway = TelegramGateway(bot)
-    roster = Roster(DeliveryHub(JournalRepository(term.db), term.clock, term.authority))
+    journal = JournalRepository(term.db)
+    screen = InboundScreen(journal, term.clock, term.authority, offline_ttl_ms=int(offline_ttl_s * 1000))
+    # The receipt reaction is the lowest-priority call: the outbound scheduler takes the `react`
+    # port (skipped under pressure); until then it goes to the gateway directly.
+    reactions = ReceiptReactions(react=gateway.set_message_reaction, chat_id=term.chat_id,
+                                 emoji=reaction_emoji(receipt_reaction), spawn=term.spawn)
+    roster = Roster(DeliveryHub(journal, term.clock, term.authority, screen=screen,
+                                on_delivered=reactions.on_delivered))
     admission = AdmissionLedger(term.db, term.owner, term.now_ms, term.authority)
     mutations = FollowerMutationQueue()
     preferences = Preferences(term, default_cleanup=default_cleanup, default_display_mode=default_display_mode)
@@ -91,7 +104,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record)
     outbound = OutboundSender(term, gateway, on_topic_gone=topics.gone)
     notices = Notices(term, control, outbound.wake)
-    router = Router(term, roster, gateway, notices, outbound.wake)
+    router = Router(term, roster, gateway, notices, outbound.wake, timers=timers)
+    agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
                                   admission=admission, mutations=mutations, pruner=pruner, titles=titles,
                                   control=control, on_roster_change=display.schedule)
@@ -105,7 +119,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                           preferences=preferences,
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
-                          registrations=registrations, control_desk=control_desk, status=status, followers=followers)
+                          registrations=registrations, control_desk=control_desk, status=status, followers=followers,
+                          agent_commands=agent_commands, reactions=reactions)
 
 
 async def open_term(services: LeaderServices, *, replay: bool = True,
@@ -128,6 +143,8 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
     elif not await provision_control():
         return False
     s.outbound.start()
+    await s.router.start()
+    s.agent_commands.queue.start()
     await s.registrations.restore_roster()
     s.pruner.begin()
     return True
