@@ -103,6 +103,8 @@ class LeaderEnv:
         self.display_mode = DisplayMode.LETTERS
         self.read_timeout = 5.0
         self.display_debounce_s = 1.0
+        self.offline_ttl_s = 86_400.0
+        self.receipt_reaction: str | None = "👀"
         self.services: LeaderServices | None = None
         self.term: LeaderTerm | None = None
         self.authority: Authority | None = None
@@ -123,7 +125,8 @@ class LeaderEnv:
         self.services = assemble(self.term, bot=self.bot, timers=JobQueueTimers(self.app.job_queue),
                                  liveness=self.liveness, default_cleanup=self.cleanup,  # type: ignore[arg-type]
                                  default_display_mode=self.display_mode, stale_after_ms=self.stale_after_ms,
-                                 display_debounce_s=self.display_debounce_s)
+                                 display_debounce_s=self.display_debounce_s, offline_ttl_s=self.offline_ttl_s,
+                                 receipt_reaction=self.receipt_reaction)
 
         async def no_control_topic() -> bool:
             return True
