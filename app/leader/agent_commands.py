@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from loguru import logger
 
 from topicbus.core.startup import Timers
-from topicbus.leader.inbound import InboundScreen, age_text, control_item, preview
+from topicbus.leader.inbound import InboundScreen, age_text, combine_album, control_item, preview
 from topicbus.leader.notices import Notices
 from topicbus.leader.roster import Roster
 from topicbus.leader.routing import Router
@@ -70,6 +70,23 @@ class ControlOutcome:
     sent: bool
     reason: str = "sent"
     text: str = ""
+
+
+def collapse_albums(items: list[JournalItem]) -> list[tuple[JournalItem, dict]]:
+    """Rows as the owner thinks of them: the parts of an album still gathering are one entry."""
+    entries: list[list[JournalItem]] = []
+    albums: dict[str, list[JournalItem]] = {}
+    for item in items:
+        if item.status == "gathering" and item.media_group:
+            if item.media_group in albums:
+                albums[item.media_group].append(item)
+                continue
+            albums[item.media_group] = [item]
+            entries.append(albums[item.media_group])
+        else:
+            entries.append([item])
+    return [(group[0], combine_album([i.payload for i in group]) if len(group) > 1 else group[0].payload)
+            for group in entries]
 
 
 def expiry_interval_s(ttl_ms: int) -> float:
@@ -145,19 +162,20 @@ class OfflineQueue:
 
     def _lines(self, items: list[JournalItem]) -> list[str]:
         now = self._term.now_ms()
-        lines = [f"• {age_text(now - i.created_at_ms)} ago: {preview(i.payload) or '(empty)'}"
-                 for i in items[:QUEUE_LINES]]
-        if len(items) > QUEUE_LINES:
-            lines.append(f"… and {len(items) - QUEUE_LINES} more")
+        entries = collapse_albums(items)
+        lines = [f"• {age_text(now - first.created_at_ms)} ago: {preview(payload) or '(empty)'}"
+                 for first, payload in entries[:QUEUE_LINES]]
+        if len(entries) > QUEUE_LINES:
+            lines.append(f"… and {len(entries) - QUEUE_LINES} more")
         return lines
 
     async def show(self, binding_key: str, *, online: bool) -> str:
-        """``/queue``: what waits for the agent."""
+        """``/queue``: what waits for the agent (an album still gathering counts once)."""
         items = await self._journal.pending(binding_key, limit=1000)
+        n = len(collapse_albums(items))
         if not items:
             return ("Nothing waits: the agent is online and has every message." if online
                     else "Nothing waits for this agent.")
-        n = len(items)
         if online:
             head = (f"📤 {n} message{'s are' if n != 1 else ' is'} on the way to the agent "
                     "(it has not confirmed them yet):")

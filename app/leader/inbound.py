@@ -136,6 +136,8 @@ def preview(item: Mapping[str, Any], limit: int = 60) -> str:
                 head += f" {f['fileName']}"
         else:
             head = f"📎 album of {len(files)}"
+        if any(f.get("tooLarge") for f in files):
+            head += " (too large)"
         body = item.get("caption") or ""
         text = f"{head}: {body}" if body else head
     elif kind == "edit":

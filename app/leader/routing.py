@@ -45,7 +45,8 @@ from topicbus.storage.db import Authority, AuthorityLost
 from topicbus.storage.journal import JournalItem, JournalRepository
 from topicbus.storage.outbox import OutboxRepository
 
-OFFLINE_NOTICE = "⏸ This agent is offline. Your message is kept and will be delivered when it reconnects."
+OFFLINE_NOTICE = ("⏸ This agent is offline. Your message is kept and will be delivered when it reconnects. "
+                  "/queue lists what waits, /drop discards it.")
 EDITS_NOT_TAKEN = ("✏️ This agent does not take edits: it keeps the message as you first sent it. "
                    "Send the corrected text as a new message.")
 TARGET_CACHE_LIMIT = 4096
