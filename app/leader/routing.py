@@ -165,8 +165,11 @@ class Router:
         """Journal and deliver the owner messages queued so far in this batch, now: a reserved
         command then acts after the messages sent before it. Outside a batch: nothing to do."""
         if self._batch:
-            rows, self._batch = self._batch, []
+            rows = list(self._batch)
             await self._journal_and_deliver(rows, self._batch_received_at)
+            # Only once journaled: if that failed, the rows stay in the batch, whose close journals
+            # them again (duplicates are dropped by update id) or does not confirm the batch.
+            del self._batch[:len(rows)]
 
     async def _journal_and_deliver(self, rows: list[Row], received_at: float | None = None) -> list[JournalItem]:
         authority = self._term.authority()

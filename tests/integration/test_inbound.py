@@ -409,3 +409,29 @@ async def test_messages_older_than_the_offline_ttl_expire_and_the_topic_says_so(
     await polled.wait_notice(thread, "forgotten")
     assert (await polled.statuses()).count("expired") == 2
 
+
+
+async def test_a_reserved_command_flushes_the_batch_before_it_and_a_failed_flush_loses_nothing(env: LeaderEnv):
+    from topicbus.storage.db import StorageUnavailable
+
+    services = await env.start()
+    r = await env.register("a", cwd="/w", protocol=caps("control"))
+    router, journal = services.router, services.router.journal
+    real_append = journal.append_many
+
+    async def unavailable_once(*args: Any, **kwargs: Any) -> Any:
+        journal.append_many = real_append  # type: ignore[method-assign]
+        raise StorageUnavailable("database is locked")
+
+    text = {"type": "message", "text": "before", "messageId": 1}
+    async with router.inbound_batch():
+        await router.route_owner_message(1, CHAT, r["threadId"], text)
+        journal.append_many = unavailable_once  # type: ignore[method-assign]
+        with pytest.raises(StorageUnavailable):
+            await services.agent_commands.handle(CHAT, r["threadId"], "interrupt", update_id=2)
+        # The poller retries the command's update: this time the flush journals "before" first.
+        await services.agent_commands.handle(CHAT, r["threadId"], "interrupt", update_id=2)
+    items = [d["item"] for d in env.connections["a"].deliveries()]
+    assert [(i["type"], i.get("text") or i.get("action")) for i in items] == [("message", "before"),
+                                                                             ("control", "interrupt")]
+    assert await journal.count_pending() == {r["bindingKey"]: 1}
