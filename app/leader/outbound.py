@@ -79,7 +79,10 @@ class OutboundSender:
             waits = [v - now for k, v in self._paused_until.items() if v > now and k in groups]
             timeout = max(0.01, min([IDLE_RESCAN_S, *waits]))
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as the
+                # event is set (gh-86296), and stop() would then wait for this task for ever.
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 
