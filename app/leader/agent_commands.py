@@ -229,15 +229,17 @@ class AgentCommands:
         return True
 
     async def send_control(self, binding_key: str, action: str, *, message_id: int | None = None,
-                           typed_at_ms: int | None = None, origin: str | None = None,
-                           notify: bool = True) -> ControlOutcome:
+                           typed_at_ms: int | None = None, generation: str | None = None,
+                           origin: str | None = None, notify: bool = True) -> ControlOutcome:
         """Send ``action`` (interrupt, kill, eof) to the follower generation live now, or explain
         why not (in the topic when ``notify``; a button answers its callback query instead).
         ``typed_at_ms``: when the owner asked (a message's date); older than :data:`CONTROL_TTL_MS`,
-        or before the live follower registered, and it is not sent."""
+        or before the live follower registered, and it is not sent. ``generation``: send only if
+        this registration generation is still the live one (a button on output of an earlier process
+        must not reach its successor). ``origin`` makes the delivery id (``c-<origin>``)."""
         if action not in CONTROL_ACTIONS:
             raise ValueError(f"unknown control action {action!r}")
-        outcome = await self._send(binding_key, action, message_id, typed_at_ms, origin)
+        outcome = await self._send(binding_key, action, message_id, typed_at_ms, generation, origin)
         log = logger.bind(phase="control")
         if outcome.sent:
             self.sent += 1
@@ -249,7 +251,7 @@ class AgentCommands:
         return outcome
 
     async def _send(self, binding_key: str, action: str, message_id: int | None, typed_at_ms: int | None,
-                    origin: str | None) -> ControlOutcome:
+                    generation: str | None, origin: str | None) -> ControlOutcome:
         command = f"/{action}"
         now = self._term.now_ms()
         if typed_at_ms is not None and now - typed_at_ms > CONTROL_TTL_MS + CLOCK_SLACK_MS:
@@ -262,7 +264,8 @@ class AgentCommands:
         if CAP_CONTROL not in record.capabilities:
             return ControlOutcome(False, "unsupported", f"{command} was not sent: this agent's follower does not take "
                                   "commands (it is an older version, or its program does not handle them).")
-        if typed_at_ms is not None and record.connected_at_ms > typed_at_ms + CLOCK_SLACK_MS:
+        if (generation is not None and generation != record.registration_generation) or (
+                typed_at_ms is not None and record.connected_at_ms > typed_at_ms + CLOCK_SLACK_MS):
             return ControlOutcome(False, "earlier-process", f"{command} was not sent: the agent registered after you "
                                   "typed it, so it was meant for an earlier process. Send it again if you mean this one.")
         delivery_id = f"c-{origin or self._term.new_id()}"

@@ -354,9 +354,15 @@ async def test_a_control_never_reaches_a_successor(env: LeaderEnv, polled: Polle
     assert hello["text"] == "hello successor"
     assert [i["type"] for i in polled.items("second")] == ["message"]
     await polled.wait_notice(thread, "meant for an earlier process")
-    # A button press of the live generation (the lead's callback) uses the same path.
-    pressed = await services.agent_commands.send_control(key, "interrupt", message_id=77, notify=False)
+    # A button press (the lead's callback) uses the same path: a button on the output of the
+    # earlier process does nothing; one of the live generation reaches it.
+    stale_button = await services.agent_commands.send_control(key, "interrupt", message_id=76, generation="g1",
+                                                              notify=False)
+    assert not stale_button.sent and stale_button.reason == "earlier-process" and stale_button.text
+    pressed = await services.agent_commands.send_control(key, "interrupt", message_id=77, generation="g2",
+                                                         notify=False)
     assert pressed.sent and polled.items("second")[-1] == {"type": "control", "action": "interrupt", "messageId": 77}
+    assert [i["type"] for i in polled.items("second")] == ["message", "control"]
 
 
 # --- the offline queue ---------------------------------------------------------------------------------
