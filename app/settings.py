@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     thread_cleanup: bool = True
     display_mode: DisplayMode = DisplayMode.LETTERS
 
+    # --- leader: inbound ---------------------------------------------------------------------
+    offline_ttl_s: float = Field(default=86_400.0, gt=0)  # messages for an offline agent expire after this
+    receipt_reaction: str = "👀"  # reaction on an owner message once its agent has it; "off": none
+
     # --- follower side ----------------------------------------------------------------------
     leader_url: str = "ws://127.0.0.1:8765/v1/bus"
     heartbeat_interval_ms: int = Field(default=1_000, gt=0)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
-from telegram import Bot, InlineKeyboardMarkup, InputFile, MessageEntity
+from telegram import Bot, InlineKeyboardMarkup, InputFile, MessageEntity, ReactionTypeEmoji
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
 
 from topicbus.core.formatting import Rendered
@@ -138,6 +138,12 @@ class TelegramGateway:
             chat_id=chat_id, message_thread_id=thread_id, photo=InputFile(io.BytesIO(data), filename=file_name),
             caption=caption.text if caption else None, caption_entities=_entities(caption),
             parse_mode=caption.parse_mode if caption else None, disable_notification=silent)))
+
+    async def set_message_reaction(self, chat_id: int, message_id: int, emoji: str) -> CallResult:
+        """One emoji reaction on a message (replacing the bot's earlier one). Telegram accepts only
+        emoji from its reaction list (👀, 👍, ✍ …); anything else is REACTION_INVALID (rejected)."""
+        return await self._call(self.bot.set_message_reaction(chat_id=chat_id, message_id=message_id,
+                                                              reaction=[ReactionTypeEmoji(emoji)]))
 
     async def download(self, file_id: str) -> CallResult:
         """getFile + download; Bot API bots can fetch files up to 20 MB."""

@@ -179,7 +179,8 @@ class Leadership:
         services = assemble(self.term, bot=app.bot, timers=JobQueueTimers(jq),
                             liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
                             default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms,
-                            outbound_options=outbound_options(s))
+                            outbound_options=outbound_options(s), offline_ttl_s=s.offline_ttl_s,
+                            receipt_reaction=s.receipt_reaction)
         self.services = services
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
                                    batch=services.router.inbound_batch)
