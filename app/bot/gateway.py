@@ -7,11 +7,12 @@ it is checked first; PTB normalises messages ("Topic_not_modified"), so we match
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
-from telegram import Bot
+from telegram import Bot, BotCommand, BotCommandScopeChat
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
 
 
@@ -107,6 +108,18 @@ class TelegramGateway:
         return await self._call(self.bot.send_document(
             chat_id=chat_id, message_thread_id=thread_id, document=io.BytesIO(data), filename=file_name,
             caption=caption))
+
+    async def get_commands(self, chat_id: int) -> CallResult:
+        """The command menu set for ``chat_id`` (``BotCommandScopeChat``), as (command, description) pairs."""
+        result = await self._call(self.bot.get_my_commands(scope=BotCommandScopeChat(chat_id)))
+        if result.outcome is Outcome.OK:
+            return CallResult(Outcome.OK, value=[(c.command, c.description) for c in result.value])
+        return result
+
+    async def set_commands(self, chat_id: int, commands: Sequence[tuple[str, str]]) -> CallResult:
+        """Set the command menu every member of ``chat_id`` sees (menus are per chat, not per topic)."""
+        return await self._call(self.bot.set_my_commands([BotCommand(c, d) for c, d in commands],
+                                                         scope=BotCommandScopeChat(chat_id)))
 
     async def download(self, file_id: str) -> CallResult:
         """getFile + download; Bot API bots can fetch files up to 20 MB."""

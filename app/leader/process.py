@@ -20,6 +20,7 @@ from telegram.error import InvalidToken, NetworkError, TimedOut
 from telegram.ext import Application, ContextTypes
 
 from topicbus import handlers
+from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
 from topicbus.bot.timers import JobQueueTimers
@@ -166,6 +167,7 @@ class Leadership:
                             liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
                             default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms)
         self.services = services
+        await self._sync_command_menu(services)
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
                                    batch=services.router.inbound_batch)
         handlers.register_all(app, services, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
@@ -191,6 +193,14 @@ class Leadership:
         finally:
             await self._teardown(app, services)
         return self.lost.is_set()
+
+    async def _sync_command_menu(self, services: LeaderServices) -> None:
+        """The group's command menu, set only when it differs from Telegram's (a failure is not fatal)."""
+        outcome, detail = await sync_command_menu(services.gateway, self.settings.chat_id or 0)
+        if outcome is MenuSync.FAILED:
+            logger.bind(phase="startup").warning("command menu not set ({}); the commands still work", detail)
+        elif outcome is MenuSync.SET:
+            logger.bind(phase="startup").info("command menu set for the chat")
 
     async def _provision_control_topic(self, stop: asyncio.Event) -> bool:
         """The control topic is needed before followers are accepted; retry until Telegram allows it."""
