@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     lease_refresh_ms: int = Field(default=2_000, gt=0)
     lease_stale_after_ms: int = Field(default=8_000, gt=0)
     thread_cleanup: bool = True
-    display_mode: DisplayMode = DisplayMode.LETTERS
+    display_mode: DisplayMode | None = None  # None: the database's default (names when new)
 
     # --- follower side ----------------------------------------------------------------------
     leader_url: str = "ws://127.0.0.1:8765/v1/bus"
@@ -118,9 +118,18 @@ class Settings(BaseSettings):
         return problems
 
     @property
+    def _local_bus_host(self) -> str:
+        if self.bus_host in ("0.0.0.0", "::", ""):
+            return "127.0.0.1"
+        return f"[{self.bus_host}]" if ":" in self.bus_host else self.bus_host
+
+    @property
     def status_url(self) -> str:
-        host = "127.0.0.1" if self.bus_host in ("0.0.0.0", "::", "") else self.bus_host
-        return f"http://{host}:{self.bus_port}/v1/status"
+        return f"http://{self._local_bus_host}:{self.bus_port}/v1/status"
+
+    def bus_url(self, port: int | None = None) -> str:
+        """Where followers on this machine reach the bus (``port``: the one actually bound)."""
+        return f"ws://{self._local_bus_host}:{port or self.bus_port}/v1/bus"
 
 
 class ConfigurationError(Exception):

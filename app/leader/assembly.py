@@ -67,7 +67,7 @@ class LeaderServices:
 
 
 def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
-             default_display_mode: DisplayMode, stale_after_ms: int,
+             default_display_mode: DisplayMode | None, stale_after_ms: int,
              display_debounce_s: float = DEBOUNCE_S) -> LeaderServices:
     gateway = TelegramGateway(bot)
     roster = Roster(DeliveryHub(JournalRepository(term.db), term.clock, term.authority))

@@ -15,8 +15,25 @@ from topicbus.leader.topics import ControlTopic
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.db import Authority
 from topicbus.storage.outbox import OutboxRepository
+from topicbus.storage.runtime_settings import WELCOMED, RuntimeSettingsRepository
 
 LEADER_INSTANCE = "leader"  # the outbox's instance id for everything the leader itself posts
+WELCOME_REQUEST_ID = "welcome"  # one per database: the outbox keeps (instance, request) unique
+
+
+def welcome_text(version: str, bus_url: str) -> str:
+    """The control topic's first message on a new database: what runs, and how to attach an agent."""
+    return (f"👋 topicbus {version} is running.\n"
+            f"Bus: {bus_url}\n\n"
+            "Attach an agent from a terminal on that computer, with TOPICBUS_BUS_SECRET set to the leader's secret:\n"
+            f"topicbus follow --leader {bus_url} -- <command>\n\n"
+            "Each agent gets its own topic in this group; what you write there goes to its input. "
+            "This topic is for commands: /help lists them.")
+
+
+def restart_text(epoch: int) -> str:
+    """One line after a start whose predecessor did not release the lease (crash, kill, lost lease)."""
+    return f"leader started (epoch {epoch}); the previous leader did not stop cleanly"
 
 
 class Notices:
@@ -26,6 +43,7 @@ class Notices:
         self._wake = wake_outbound
         self._bindings = BindingRepository(term.db)
         self._outbox = OutboxRepository(term.db)
+        self._settings = RuntimeSettingsRepository(term.db)
 
     async def post(self, binding_key: str, text: str, *, authority: Authority | None = None) -> bool:
         """A notice in the topic of ``binding_key``; False when that binding has no live topic."""
@@ -41,11 +59,28 @@ class Notices:
             return
         await self.post(self._control.binding_key, text)
 
+    async def welcome(self, text: str) -> bool:
+        """The first-start welcome in the control topic, once per database: False when this
+        database was already welcomed (or predates the welcome, see migration 004).
+
+        The outbox row has a fixed request id, so a crash between posting and recording it
+        repeats nothing: the next start finds the same row and only records it."""
+        if self._control.binding_key is None or await self._settings.get(WELCOMED) is not None:
+            return False
+        binding = await self._bindings.get(self._control.binding_key)
+        if binding is None or not binding.has_live_topic:
+            return False
+        authority = self._term.authority()
+        await self._enqueue(binding.binding_key, binding.chat_id, binding.thread_id, text, authority,
+                            request_id=WELCOME_REQUEST_ID)
+        await self._settings.set(WELCOMED, "posted", self._term.now_ms(), authority)
+        return True
+
     async def _enqueue(self, binding_key: str, chat_id: int, thread_id: int | None, text: str,
-                       authority: Authority | None) -> None:
+                       authority: Authority | None, *, request_id: str | None = None) -> None:
         now = self._term.now_ms()
         await self._outbox.enqueue(binding_key=binding_key, chat_id=chat_id, thread_id=thread_id,
-                                   instance_id=LEADER_INSTANCE, request_id=f"notice:{self._term.new_id()}",
+                                   instance_id=LEADER_INSTANCE, request_id=request_id or f"notice:{self._term.new_id()}",
                                    kind="notice", payload={"text": text[:4096]}, now_ms=now,
                                    authority=authority or self._term.authority())
         self._wake()

@@ -19,7 +19,7 @@ from loguru import logger
 from telegram.error import InvalidToken, NetworkError, TimedOut
 from telegram.ext import Application, ContextTypes
 
-from topicbus import handlers
+from topicbus import __version__, handlers
 from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
@@ -29,6 +29,7 @@ from topicbus.bus.server import BusServer
 from topicbus.core.clock import Clock, SystemClock
 from topicbus.host import ProcessLiveness, current_host_id
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
+from topicbus.leader.notices import restart_text, welcome_text
 from topicbus.leader.provisioning import SlotUnavailable, TopicCreationFailed
 from topicbus.leader.rotation import RotationBlocked
 from topicbus.leader.term import LeaderTerm
@@ -74,6 +75,7 @@ class LeaderProcess:
         announced = False
         try:
             while not stop.is_set():
+                previous = await leases.current()
                 authority = await leases.try_acquire(self.owner, self.clock.now_ms(),
                                                      self.settings.lease_stale_after_ms)
                 if authority is None:
@@ -87,7 +89,12 @@ class LeaderProcess:
                 term = LeaderTerm(db=db, clock=self.clock, chat_id=self.settings.chat_id or 0, events=self.events,
                                   owner=self.owner)
                 term.begin(authority)
-                self.leadership = Leadership(self.settings, term, self.server, leases)
+                # A predecessor that stopped cleanly released the lease (heartbeat 0); one that
+                # crashed, was killed or lost its lease left its last heartbeat behind.
+                unclean = (previous is not None and previous.heartbeat_at_ms != 0
+                           and previous.epoch + 1 == authority.epoch)
+                self.leadership = Leadership(self.settings, term, self.server, leases,
+                                             after_unclean_stop=unclean)
                 lost = await self.leadership.run(stop)
                 self.leadership = None
                 if lost:
@@ -139,8 +146,10 @@ class LeaderProcess:
 class Leadership:
     """Everything that exists only while this process holds the lease."""
 
-    def __init__(self, settings: Settings, term: LeaderTerm, server: BusServer, leases: LeaseRepository):
+    def __init__(self, settings: Settings, term: LeaderTerm, server: BusServer, leases: LeaseRepository, *,
+                 after_unclean_stop: bool = False):
         self.settings = settings
+        self.after_unclean_stop = after_unclean_stop
         self.term = term
         self.server = server
         self.services: LeaderServices | None = None
@@ -180,6 +189,7 @@ class Leadership:
                                                             "misfire_grace_time": None, "coalesce": True})
             if not await open_term(services, provision_control=lambda: self._provision_control_topic(stop)):
                 return self.lost.is_set()
+            await self._greet(services)
             jq.run_repeating(self._prune, interval=s.prune_interval_ms / 1000, first=s.prune_interval_ms / 1000,
                              name=PRUNE_JOB_ID, job_kwargs={"id": PRUNE_JOB_ID, "replace_existing": True,
                                                             "coalesce": True, "max_instances": 1,
@@ -193,6 +203,15 @@ class Leadership:
         finally:
             await self._teardown(app, services)
         return self.lost.is_set()
+
+    async def _greet(self, services: LeaderServices) -> None:
+        """The control topic's first words: the welcome on a new database; later, one line when the
+        previous leader did not stop cleanly (a clean restart says nothing)."""
+        url = self.settings.bus_url(self.server.bound_port)
+        if await services.notices.welcome(welcome_text(__version__, url)):
+            logger.bind(phase="startup").info("welcome posted in the control topic (bus {})", url)
+        elif self.after_unclean_stop:
+            await services.notices.answer(restart_text(self.term.authority().epoch))
 
     async def _sync_command_menu(self, services: LeaderServices) -> None:
         """The group's command menu, set only when it differs from Telegram's (a failure is not fatal)."""
