@@ -31,6 +31,14 @@ def welcome_text(version: str, bus_url: str) -> str:
             "This topic is for commands: /help lists them.")
 
 
+GENERAL_HINT = ("Messages here reach no agent. Write in an agent's topic (each agent started with "
+                "topicbus follow has one), or send /help in the “topicbus control” topic.")
+TOPIC_HINT = ("This topic belongs to no agent, so nothing written here is delivered. Write in an agent's topic "
+              "(each agent started with topicbus follow has one), or send /help in the “topicbus control” topic.")
+HINT_INTERVAL_MS = 10 * 60 * 1000  # at most one hint per place (General, or one topic) in this time
+HINT_MEMORY_LIMIT = 4096
+
+
 def restart_text(epoch: int) -> str:
     """One line after a start whose predecessor did not release the lease (crash, kill, lost lease)."""
     return f"leader started (epoch {epoch}); the previous leader did not stop cleanly"
@@ -44,6 +52,8 @@ class Notices:
         self._bindings = BindingRepository(term.db)
         self._outbox = OutboxRepository(term.db)
         self._settings = RuntimeSettingsRepository(term.db)
+        self._hinted: dict[tuple[int, int | None], int] = {}  # place → when the last hint was posted
+        self._agent_topics: set[tuple[int, int]] = set()  # thread ids are never reused: hits stay true
 
     async def post(self, binding_key: str, text: str, *, authority: Authority | None = None) -> bool:
         """A notice in the topic of ``binding_key``; False when that binding has no live topic."""
@@ -58,6 +68,34 @@ class Notices:
         if self._control.binding_key is None:
             return
         await self.post(self._control.binding_key, text)
+
+    async def hint_outside(self, chat_id: int, thread_id: int | None) -> bool:
+        """An owner wrote outside the agent topics: in General (``thread_id`` None) or in a topic
+        that is neither an agent's nor the control topic. One short hint there, at most once per
+        ``HINT_INTERVAL_MS`` per place; True when one was posted."""
+        if thread_id is not None and await self._is_leader_topic(chat_id, thread_id):
+            return False
+        place, now = (chat_id, thread_id), self._term.now_ms()
+        last = self._hinted.get(place)
+        if last is not None and now - last < HINT_INTERVAL_MS:
+            return False
+        if len(self._hinted) >= HINT_MEMORY_LIMIT:
+            self._hinted.clear()
+        self._hinted[place] = now
+        await self._enqueue(f"outside:{chat_id}:{thread_id or 'general'}", chat_id, thread_id,
+                            GENERAL_HINT if thread_id is None else TOPIC_HINT, None)
+        return True
+
+    async def _is_leader_topic(self, chat_id: int, thread_id: int) -> bool:
+        """The control topic, or a topic a binding holds (an agent's, online or not)."""
+        if thread_id == self._control.thread_id or (chat_id, thread_id) in self._agent_topics:
+            return True
+        if await self._bindings.by_target(chat_id, thread_id) is None:
+            return False
+        if len(self._agent_topics) >= HINT_MEMORY_LIMIT:
+            self._agent_topics.clear()
+        self._agent_topics.add((chat_id, thread_id))
+        return True
 
     async def welcome(self, text: str) -> bool:
         """The first-start welcome in the control topic, once per database: False when this
