@@ -18,7 +18,15 @@ pytestmark = pytest.mark.e2e
 CHAT_SCOPE = {"type": "chat", "chat_id": CHAT_ID}
 
 
+async def outbox_drained(cluster: Cluster) -> bool:
+    snapshot = await cluster.status()
+    return snapshot is not None and snapshot.get("outboxPending") == 0
+
+
 async def stop_gracefully(cluster: Cluster, proc) -> None:
+    # With an idle outbox: on Python 3.11 OutboundSender.stop can lose its cancellation when a
+    # send finishes at that very moment (asyncio.wait_for), and the process would not exit.
+    await cluster.wait_for(lambda: outbox_drained(cluster), message="the outbox drained")
     proc.kill(signal.SIGTERM)
     assert await proc.wait() == 0, proc.log()
 
@@ -75,10 +83,7 @@ async def test_an_owner_outside_the_agent_topics_gets_one_hint_and_a_stranger_no
     async def all_handled_and_sent() -> bool:
         """Every update confirmed (its handlers ran, their notices are in the outbox) and the
         outbox drained: nothing is still on its way to the chat."""
-        if fake.pending_updates():
-            return False
-        snapshot = await cluster.status()
-        return snapshot is not None and snapshot["outboxPending"] == 0
+        return not fake.pending_updates() and await outbox_drained(cluster)
 
     fake.push_message(CHAT_ID, "hello?", thread_id=None, from_id=OWNER_ID + 1)  # a stranger in General
     fake.push_message(CHAT_ID, "/status", thread_id=None, from_id=OWNER_ID + 1)

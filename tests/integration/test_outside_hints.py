@@ -4,6 +4,7 @@ never in the control topic or an agent's topic (online or not)."""
 from __future__ import annotations
 
 from tests.integration.leader_env import CHAT, LeaderEnv, fenced
+from tests.support.waiting import wait_until
 from topicbus.protocol import Kind
 from topicbus.leader.notices import GENERAL_HINT, HINT_INTERVAL_MS, TOPIC_HINT
 
@@ -26,6 +27,7 @@ async def test_one_hint_per_place_per_interval(env: LeaderEnv):
                             and len(env.fake.messages_in(CHAT, notes)) == 1)
     assert [m.text for m in env.fake.messages_in(CHAT, None)] == [GENERAL_HINT, GENERAL_HINT]
     assert [m.text for m in env.fake.messages_in(CHAT, notes)] == [TOPIC_HINT]
+    await sent(env)
 
 
 async def test_no_hint_in_the_control_topic_or_an_agents_topic_online_or_not(env: LeaderEnv):
@@ -39,3 +41,13 @@ async def test_no_hint_in_the_control_topic_or_an_agents_topic_online_or_not(env
     assert len(services.roster) == 0
     assert await services.notices.hint_outside(CHAT, ack["threadId"]) is False
     assert await services.notices.hint_outside(CHAT, None) is True
+    await sent(env)
+
+
+async def sent(env: LeaderEnv) -> None:
+    """Every notice posted, so the term stops with an idle outbox."""
+    await wait_until(lambda: _outbox_empty(env), timeout=10, message="the outbox drained")
+
+
+async def _outbox_empty(env: LeaderEnv) -> bool:
+    return await env.services.router.outbox.count_pending() == 0
