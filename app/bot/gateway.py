@@ -7,6 +7,7 @@ it is checked first; PTB normalises messages ("Topic_not_modified"), so we match
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,6 +41,14 @@ class CallResult:
     @property
     def ok(self) -> bool:
         return self.outcome in (Outcome.OK, Outcome.NOT_MODIFIED)
+
+
+_BOT_URL_TOKEN = re.compile(r"(/(?:file/)?bot)[^/\s\"']+")
+
+
+def redact_bot_urls(text: str) -> str:
+    """Bot API URLs carry the token (``…/bot<token>/getMe``); this keeps the URL and drops the token."""
+    return _BOT_URL_TOKEN.sub(r"\1<token>", text)
 
 
 def retry_after_seconds(exc: RetryAfter) -> float:
@@ -108,6 +117,14 @@ class TelegramGateway:
         return await self._call(self.bot.send_document(
             chat_id=chat_id, message_thread_id=thread_id, document=io.BytesIO(data), filename=file_name,
             caption=caption))
+
+    async def get_chat(self, chat_id: int) -> CallResult:
+        """``getChat``: the chat's type and whether it is a forum (``value`` is PTB's ``ChatFullInfo``)."""
+        return await self._call(self.bot.get_chat(chat_id=chat_id))
+
+    async def get_chat_member(self, chat_id: int, user_id: int) -> CallResult:
+        """``getChatMember``: a member's status and rights (``value`` is PTB's ``ChatMember``)."""
+        return await self._call(self.bot.get_chat_member(chat_id=chat_id, user_id=user_id))
 
     async def get_commands(self, chat_id: int) -> CallResult:
         """The command menu set for ``chat_id`` (``BotCommandScopeChat``), as (command, description) pairs."""

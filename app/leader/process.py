@@ -20,6 +20,8 @@ from telegram.error import InvalidToken, NetworkError, TimedOut
 from telegram.ext import Application, ContextTypes
 
 from topicbus import __version__, handlers
+from topicbus.bot.chat_check import check_chat, setup_fix
+from topicbus.bot.gateway import redact_bot_urls
 from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
@@ -176,9 +178,15 @@ class Leadership:
                             liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
                             default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms)
         self.services = services
+        try:
+            await self._check_chat(services, app.bot.id)
+        except FatalLeaderError:
+            await app.shutdown()
+            raise
         await self._sync_command_menu(services)
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
-                                   batch=services.router.inbound_batch)
+                                   batch=services.router.inbound_batch,
+                                   holds_lease=lambda: self.term.current() is not None and not self.lost.is_set())
         handlers.register_all(app, services, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
         app.add_error_handler(self._handler_error)
         self.server.role, self.server.epoch = "starting", self.term.authority().epoch
@@ -213,6 +221,15 @@ class Leadership:
         elif self.after_unclean_stop:
             await services.notices.answer(restart_text(self.term.authority().epoch))
 
+    async def _check_chat(self, services: LeaderServices, bot_id: int) -> None:
+        """A chat the bot cannot run topics in is a configuration error: exit 2 with the fix."""
+        chat_id = self.settings.chat_id or 0
+        verdict = await check_chat(services.gateway, chat_id, bot_id)
+        if verdict.fix is not None:
+            raise FatalLeaderError(f"cannot use TOPICBUS_CHAT_ID {chat_id}: {verdict.fix}")
+        if verdict.note is not None:
+            logger.bind(phase="startup").warning("could not check the chat ({}); going on", redact_bot_urls(verdict.note))
+
     async def _sync_command_menu(self, services: LeaderServices) -> None:
         """The group's command menu, set only when it differs from Telegram's (a failure is not fatal)."""
         outcome, detail = await sync_command_menu(services.gateway, self.settings.chat_id or 0)
@@ -230,6 +247,9 @@ class Leadership:
                 await self.services.registrations.provision_control_topic()
                 return True
             except (TopicCreationFailed, SlotUnavailable, RotationBlocked, AdmissionBlocked) as exc:
+                fix = setup_fix(str(exc), self.settings.chat_id or 0) if isinstance(exc, TopicCreationFailed) else None
+                if fix is not None:
+                    raise FatalLeaderError(f"cannot create the control topic: {fix}") from None
                 delay = backoff.next()
                 logger.bind(phase="leader-provision").error(
                     "cannot provision the control topic: {} — check that the bot is an admin with Manage Topics "
@@ -248,8 +268,12 @@ class Leadership:
             except InvalidToken as exc:
                 raise FatalLeaderError("Telegram rejected TOPICBUS_BOT_TOKEN (getMe failed)") from exc
             except (TimedOut, NetworkError) as exc:
-                logger.bind(phase="startup").warning("Telegram not reachable ({}); retrying", type(exc).__name__)
-                await backoff.sleep(stop)
+                delay = backoff.next()
+                logger.bind(phase="startup").warning(
+                    "cannot reach Telegram at {}getMe ({}: {}); retrying in {:.1f}s. Check the network "
+                    "(a proxy, a firewall) and TOPICBUS_API_BASE_URL", f"{self.settings.api_base_url}<token>/",
+                    type(exc).__name__, redact_bot_urls(str(exc)), delay)
+                await sleep_or_stop(delay, stop)
                 if not await self._leases.refresh(self.term.authority(), self.term.now_ms()):
                     self._lose()
                     return False
