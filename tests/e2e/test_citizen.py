@@ -3,6 +3,7 @@ the command menu, the welcome, the hint outside agent topics, and a start-up fre
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
@@ -102,3 +103,15 @@ async def test_an_owner_outside_the_agent_topics_gets_one_hint_and_a_stranger_no
     assert [m.text for m in fake.messages_in(CHAT_ID, None)] == [GENERAL_HINT]  # one hint, rate-limited
     assert [m.text for m in fake.messages_in(CHAT_ID, notes)] == [TOPIC_HINT]
     assert not any(text in (GENERAL_HINT, TOPIC_HINT) for text in cluster.texts_in(agent_thread))
+
+
+async def test_a_leader_start_logs_no_warnings_from_python_or_ptb(cluster: Cluster, tmp_path):
+    """Every warning category shown (PYTHONWARNINGS=default also shows deprecations once): a start,
+    an agent's round trip and a graceful stop print none, PTBUserWarning included."""
+    leader, _, thread = await cluster.leader_with_follower(tmp_path / "quiet", PYTHONWARNINGS="default")
+    cluster.fake.push_message(CHAT_ID, "hi", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "echo: hi")
+    await stop_gracefully(cluster, leader)
+    log = leader.log()
+    assert "polling Telegram as leader" in log
+    assert "PTBUserWarning" not in log and not re.search(r"\w+Warning: ", log), log
