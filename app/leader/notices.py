@@ -21,10 +21,12 @@ LEADER_INSTANCE = "leader"  # the outbox's instance id for everything the leader
 WELCOME_REQUEST_ID = "welcome"  # one per database: the outbox keeps (instance, request) unique
 
 
-def welcome_text(version: str, bus_url: str) -> str:
+def welcome_text(version: str, bus_url: str, *, secret_set: bool = True) -> str:
     """The control topic's first message on a new database: what runs, and how to attach an agent."""
+    unset = ("" if secret_set else
+             "The leader has no TOPICBUS_BUS_SECRET yet, so it refuses every agent: set one and restart it.\n")
     return (f"👋 topicbus {version} is running.\n"
-            f"Bus: {bus_url}\n\n"
+            f"Bus: {bus_url}\n{unset}\n"
             "Attach an agent from a terminal on that computer, with TOPICBUS_BUS_SECRET set to the leader's secret:\n"
             f"topicbus follow --leader {bus_url} -- <command>\n\n"
             "Each agent gets its own topic in this group; what you write there goes to its input. "

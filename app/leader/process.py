@@ -216,10 +216,14 @@ class Leadership:
         """The control topic's first words: the welcome on a new database; later, one line when the
         previous leader did not stop cleanly (a clean restart says nothing)."""
         url = self.settings.bus_url(self.server.bound_port)
-        if await services.notices.welcome(welcome_text(__version__, url)):
-            logger.bind(phase="startup").info("welcome posted in the control topic (bus {})", url)
-        elif self.after_unclean_stop:
-            await services.notices.answer(restart_text(self.term.authority().epoch))
+        secret = self.settings.bus_secret is not None and bool(self.settings.bus_secret.get_secret_value())
+        try:
+            if await services.notices.welcome(welcome_text(__version__, url, secret_set=secret)):
+                logger.bind(phase="startup").info("welcome posted in the control topic (bus {})", url)
+            elif self.after_unclean_stop:
+                await services.notices.answer(restart_text(self.term.authority().epoch))
+        except Exception as exc:  # noqa: BLE001 - a greeting is never worth a term (a lost lease shows up anyway)
+            logger.bind(phase="startup").warning("control topic greeting not posted ({})", type(exc).__name__)
 
     async def _check_chat(self, services: LeaderServices, bot_id: int) -> None:
         """A chat the bot cannot run topics in is a configuration error: exit 2 with the fix."""

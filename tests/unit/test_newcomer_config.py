@@ -100,3 +100,10 @@ def test_bot_urls_keep_the_url_and_drop_the_token():
     assert redact_bot_urls("GET https://api.telegram.org/bot123:AA-b_c/getMe failed") == \
         "GET https://api.telegram.org/bot<token>/getMe failed"
     assert redact_bot_urls("http://h/file/bot123:x/documents/1") == "http://h/file/bot<token>/documents/1"
+
+
+def test_the_welcome_says_when_the_leader_has_no_bus_secret():
+    from topicbus.leader.notices import welcome_text
+
+    assert "no TOPICBUS_BUS_SECRET yet" in welcome_text("1.0.0", "ws://h:1/v1/bus", secret_set=False)
+    assert "no TOPICBUS_BUS_SECRET" not in welcome_text("1.0.0", "ws://h:1/v1/bus")
