@@ -21,7 +21,7 @@ from telegram.ext import Application, ContextTypes
 
 from topicbus import __version__, handlers
 from topicbus.bot.chat_check import check_chat, setup_fix
-from topicbus.bot.gateway import redact_bot_urls
+from topicbus.bot.gateway import TelegramGateway, redact_bot_urls
 from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
@@ -30,8 +30,11 @@ from topicbus.bus.metrics import Snapshot
 from topicbus.bus.server import BusServer
 from topicbus.core.clock import Clock, SystemClock
 from topicbus.host import ProcessLiveness, current_host_id
+from topicbus.core.budget import BudgetConfig
+from topicbus.core.output import OutputConfig
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
 from topicbus.leader.notices import restart_text, welcome_text
+from topicbus.leader.outbound import OutboundOptions
 from topicbus.leader.provisioning import SlotUnavailable, TopicCreationFailed
 from topicbus.leader.rotation import RotationBlocked
 from topicbus.leader.term import LeaderTerm
@@ -48,6 +51,16 @@ LEASE_JOB_ID = "topicbus.lease"
 PURGE_JOB_ID = "topicbus.purge"
 PURGE_INTERVAL_S = 3600
 HISTORY_KEEP_MS = 7 * 24 * 3600 * 1000  # delivered/sent rows are kept a week for diagnosis
+
+
+def outbound_options(s: Settings) -> OutboundOptions:
+    """The chat's budget and the shape of output, from the environment."""
+    budget = BudgetConfig.for_chat(s.chat_id or 0, per_minute=s.rate_limit_per_chat_per_minute,
+                                   per_second=s.rate_limit_per_chat_per_second, reserve=s.budget_reserve,
+                                   overall_per_second=s.rate_limit_per_second)
+    output = OutputConfig(file_threshold=s.output_file_threshold, live_window_ms=int(s.live_message_s * 1000),
+                          quiet_ms=int(s.stream_quiet_s * 1000))
+    return OutboundOptions(budget=budget, output=output, max_items=s.outbox_max_items, max_bytes=s.outbox_max_bytes)
 
 
 class FatalLeaderError(Exception):
@@ -141,6 +154,7 @@ class LeaderProcess:
                                               "0.99": router.latency.quantile(0.99) or 0},
                 "topicbus_display_passes_total": services.display.passes,
                 "topicbus_display_edits_total": services.display.edits,
+                **services.outbound.metrics(),
             })
         return values
 
@@ -176,14 +190,18 @@ class Leadership:
         assert jq is not None
         services = assemble(self.term, bot=app.bot, timers=JobQueueTimers(jq),
                             liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
-                            default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms)
+                            default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms,
+                            outbound_options=outbound_options(s))
         self.services = services
+        # Before the term opens: the start-up checks call Telegram directly (no chat budget spent,
+        # and the scheduler has not started yet).
+        telegram = TelegramGateway(app.bot)
         try:
-            await self._check_chat(services, app.bot.id)
+            await self._check_chat(telegram, app.bot.id)
         except FatalLeaderError:
             await app.shutdown()
             raise
-        await self._sync_command_menu(services)
+        await self._sync_command_menu(telegram)
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
                                    batch=services.router.inbound_batch,
                                    holds_lease=lambda: self.term.current() is not None and not self.lost.is_set())
@@ -225,18 +243,18 @@ class Leadership:
         except Exception as exc:  # noqa: BLE001 - a greeting is never worth a term (a lost lease shows up anyway)
             logger.bind(phase="startup").warning("control topic greeting not posted ({})", type(exc).__name__)
 
-    async def _check_chat(self, services: LeaderServices, bot_id: int) -> None:
+    async def _check_chat(self, telegram: TelegramGateway, bot_id: int) -> None:
         """A chat the bot cannot run topics in is a configuration error: exit 2 with the fix."""
         chat_id = self.settings.chat_id or 0
-        verdict = await check_chat(services.gateway, chat_id, bot_id)
+        verdict = await check_chat(telegram, chat_id, bot_id)
         if verdict.fix is not None:
             raise FatalLeaderError(f"cannot use TOPICBUS_CHAT_ID {chat_id}: {verdict.fix}")
         if verdict.note is not None:
             logger.bind(phase="startup").warning("could not check the chat ({}); going on", redact_bot_urls(verdict.note))
 
-    async def _sync_command_menu(self, services: LeaderServices) -> None:
+    async def _sync_command_menu(self, telegram: TelegramGateway) -> None:
         """The group's command menu, set only when it differs from Telegram's (a failure is not fatal)."""
-        outcome, detail = await sync_command_menu(services.gateway, self.settings.chat_id or 0)
+        outcome, detail = await sync_command_menu(telegram, self.settings.chat_id or 0)
         if outcome is MenuSync.FAILED:
             logger.bind(phase="startup").warning("command menu not set ({}); the commands still work", detail)
         elif outcome is MenuSync.SET:
