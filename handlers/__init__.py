@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from telegram.ext import Application
 
-from topicbus.handlers import agent_commands, control, topic_events, topic_messages
+from topicbus.handlers import agent_commands, control, outside, topic_events, topic_messages
 
 if TYPE_CHECKING:
     from topicbus.leader.assembly import LeaderServices
@@ -25,3 +25,4 @@ def register_all(app: Application, services: LeaderServices, *, chat_id: int, ow
                             owner_ids=owner_ids)
     topic_messages.register(app, router=services.router, control=services.control, chat_id=chat_id,
                             owner_ids=owner_ids)
+    outside.register(app, notices=services.notices, control=services.control, chat_id=chat_id, owner_ids=owner_ids)

@@ -19,8 +19,9 @@ What it fakes, with Telegram's real error strings and HTTP status codes:
   ``/file/bot<token>/<path>`` downloads; ``setMessageReaction`` (recorded in ``reactions``; only
   emoji from :data:`ALLOWED_REACTIONS`, only on messages that exist);
 * small stubs: ``getChat``, ``getChatMember`` (the bot is an admin with ``can_manage_topics`` unless
-  ``bot_is_admin=False``), ``setMyCommands``/``getMyCommands``/``deleteMyCommands``,
-  ``getForumTopicIconStickers``;
+  ``bot_is_admin=False``), ``getForumTopicIconStickers``;
+* command menus: ``setMyCommands``/``getMyCommands``/``deleteMyCommands``, kept per ``scope`` (and
+  ``language_code``) as Telegram does; ``commands_for(scope)`` reads one, ``commands`` the default;
 * user-side traffic for the bot to poll: ``push_message`` (text, documents, replies with a
   quote), ``push_media`` (photo, voice, audio, video, video note, animation, document; with size,
   duration and an album's ``media_group_id``), ``push_album``, ``push_edited_message``,
@@ -45,6 +46,7 @@ import html.parser
 import inspect
 import json
 import math
+import re
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -196,7 +198,7 @@ class FakeBotApi:
         self.conflicts = 0
         self.get_updates_calls = 0
         self.flood_rejections = 0
-        self.commands: list[Any] = []
+        self._commands: dict[str, list[Any]] = {}
         self.reactions: list[Reaction] = []
         self._messages: dict[tuple[int, int], JSON] = {}  # every message built, for replies
         self._file_sizes: dict[str, int] = {}  # declared sizes of files pushed without content
@@ -1018,15 +1020,45 @@ class FakeBotApi:
                                      "can_delete_stories"), False))
         return {"status": "administrator", "user": self._bot_from(), **rights}
 
+    @staticmethod
+    def _scope_key(scope: Any, language_code: Any = None) -> str:
+        scope = scope if isinstance(scope, dict) and scope.get("type") not in (None, "default") else None
+        return json.dumps([scope, language_code or ""], sort_keys=True)
+
+    @property
+    def commands(self) -> list[Any]:
+        """The default scope's menu."""
+        return self.commands_for(None)
+
+    def commands_for(self, scope: JSON | None, language_code: str | None = None) -> list[Any]:
+        """The menu set for ``scope`` (e.g. ``{"type": "chat", "chat_id": …}``), as the bot sent it."""
+        return list(self._commands.get(self._scope_key(scope, language_code), []))
+
     def _m_setMyCommands(self, p: JSON) -> bool:
-        self.commands = list(p.get("commands") or [])
+        commands = p.get("commands")
+        if not isinstance(commands, list) or len(commands) > 100:
+            raise ApiError(400, "Bad Request: BOT_COMMANDS_TOO_MUCH" if isinstance(commands, list)
+                           else "Bad Request: field \"commands\" must be an Array")
+        for c in commands:
+            name, description = (c.get("command"), c.get("description")) if isinstance(c, dict) else (None, None)
+            if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9_]{1,32}", name):
+                raise ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
+            if not isinstance(description, str) or not 1 <= len(description) <= 256:
+                raise ApiError(400, "Bad Request: BOT_COMMAND_DESCRIPTION_INVALID")
+        if isinstance(p.get("scope"), dict) and "chat_id" in p["scope"]:
+            self._chat({"chat_id": p["scope"]["chat_id"]})  # "chat not found" as Telegram answers
+        key = self._scope_key(p.get("scope"), p.get("language_code"))
+        if commands:
+            self._commands[key] = [{"command": c["command"], "description": c["description"]} for c in commands]
+        else:
+            self._commands.pop(key, None)
         return True
 
     def _m_getMyCommands(self, p: JSON) -> list[Any]:
-        return list(self.commands)
+        return self.commands_for(p.get("scope"), p.get("language_code"))
 
     def _m_deleteMyCommands(self, p: JSON) -> bool:
-        self.commands = []
+        self._commands.pop(self._scope_key(p.get("scope"), p.get("language_code")), None)
         return True
 
     def _m_getForumTopicIconStickers(self, p: JSON) -> list[Any]:

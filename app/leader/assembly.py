@@ -73,7 +73,7 @@ class LeaderServices:
 
 
 def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
-             default_display_mode: DisplayMode, stale_after_ms: int, outbound_options: OutboundOptions,
+             default_display_mode: DisplayMode | None, stale_after_ms: int, outbound_options: OutboundOptions,
              display_debounce_s: float = DEBOUNCE_S, offline_ttl_s: float = 86_400.0,
              receipt_reaction: str | None = "👀") -> LeaderServices:
     telegram = TelegramGateway(bot)
