@@ -94,7 +94,7 @@ class OutboundStats:
 
 class OutboundScheduler:
     def __init__(self, term: LeaderTerm, gateway: TelegramGateway, options: OutboundOptions,
-                 on_topic_gone: Callable[[int, int], Awaitable[None]] | None = None):
+                 on_topic_gone: Callable[[int, int], Awaitable[object]] | None = None):
         self._term = term
         self._gateway = gateway
         self._repo = OutboxRepository(term.db)
@@ -471,6 +471,12 @@ class OutboundScheduler:
             await self._repo.note_attempt(ids[0], "topic gone", authority)
             if self._on_topic_gone is not None:
                 await self._on_topic_gone(chat, thread)
+            if failed := await self._repo.fail_unbound(chat, thread, "topic gone", authority):
+                self.stats.failed += failed
+                self._term.events.record("Topic is gone; output no binding can take elsewhere dropped",
+                                         phase="outbox-topic-gone", level="WARNING", chatId=chat, threadId=thread,
+                                         items=failed)
+                self.wake(*key)
         elif thread is not None and "topic_closed" in result.message.lower():
             await self._reopen(key, topic, ids[0])
         else:

@@ -44,6 +44,18 @@ async def test_no_hint_in_the_control_topic_or_an_agents_topic_online_or_not(env
     await sent(env)
 
 
+async def test_a_hint_for_a_topic_deleted_before_it_went_out_fails_instead_of_waiting_for_ever(env: LeaderEnv):
+    await env.start()
+    env.fake.push_topic_event(CHAT, None, "created", "notes")
+    notes = max(t.thread_id for t in env.fake.topics(CHAT))
+    env.fake.user_delete_topic(CHAT, notes)  # gone before the leader could answer there
+    assert await env.services.notices.hint_outside(CHAT, notes) is True
+    await sent(env)  # no binding can take it to another topic: failed, not pending
+    rows = await env.db.fetch_all("SELECT status, last_error FROM outbox WHERE thread_id = ?", (notes,))
+    assert [(r["status"], r["last_error"]) for r in rows] == [("failed", "topic gone")]
+    assert env.fake.messages_in(CHAT, notes) == []
+
+
 async def sent(env: LeaderEnv) -> None:
     """Every notice posted, so the term stops with an idle outbox."""
     await wait_until(lambda: _outbox_empty(env), timeout=10, message="the outbox drained")
