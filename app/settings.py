@@ -71,6 +71,7 @@ class Settings(BaseSettings):
     lease_refresh_ms: int = Field(default=2_000, gt=0)
     lease_stale_after_ms: int = Field(default=8_000, gt=0)
     thread_cleanup: bool = True
+    cleanup_grace_s: float = Field(default=600.0, ge=0)  # a finished agent's topic is deleted after this
     display_mode: DisplayMode | None = None  # None: the database's default (names when new)
 
     # --- leader: inbound ---------------------------------------------------------------------

@@ -17,26 +17,33 @@ from topicbus.leader.status import StatusView
 from topicbus.leader.topics import ControlTopic
 from topicbus.storage.admission import AdmissionBlocked
 
-DELETION_RULES = (
-    "A topic is deleted only\n"
-    "• with cleanup on, when its agent ends: its program exits, its process dies on the leader's computer "
-    "(seen as soon as it falls silent), or you /forget its slot;\n"
-    "• when all 26 slots are taken and a new agent needs one: the topic idle longest (no agent, nothing "
-    "queued) makes room.\n"
-    "With cleanup off an ended agent's topic is kept. Silence alone, a leader restart, or an agent that fell "
-    "silent before it died never delete a topic (/forget releases it)."
-)
+def deletion_rules(grace_s: float) -> str:
+    """When a topic is deleted, as /help and /cleanup say it (the grace is TOPICBUS_CLEANUP_GRACE_S)."""
+    grace = f"{grace_s / 60:g} min" if grace_s >= 60 else f"{grace_s:g} s"
+    after = (f"once its output is posted and {grace} have passed without it coming back" if grace_s > 0
+             else "once its output is posted")
+    return (
+        "A topic is deleted only\n"
+        "• with cleanup on, when its agent ends: its program exits or its process dies on the leader's computer "
+        f"(seen as soon as it falls silent), {after}; or at once when you /forget its slot;\n"
+        "• when all 26 slots are taken and a new agent needs one: the topic idle longest (no agent, nothing "
+        "queued) makes room, even one still in its grace time.\n"
+        "With cleanup off an ended agent's topic is kept. Silence alone, a leader restart, or an agent that fell "
+        "silent before it died never delete a topic (/forget releases it)."
+    )
 
-HELP = (
-    "topicbus control topic\n"
-    "/status — agents, slots, titles, heartbeat age, queued messages\n"
-    "/cleanup on|off — delete (on) or keep (off) the topic of an agent that ends\n"
-    "/mode names|letters|directory-snake|directory-title — how topic titles are shown\n"
-    "/forget <slot> — an agent is gone but still counted: end it like one that exited\n"
-    "/help — this text\n"
-    "In an agent's topic, /interrupt, /kill, /eof, /queue and /drop act on the agent; everything else "
-    "goes to it.\n\n" + DELETION_RULES
-)
+
+def help_text(grace_s: float) -> str:
+    return (
+        "topicbus control topic\n"
+        "/status — agents, slots, titles, heartbeat age, queued messages\n"
+        "/cleanup on|off — delete (on) or keep (off) the topic of an agent that ends\n"
+        "/mode names|letters|directory-snake|directory-title — how topic titles are shown\n"
+        "/forget <slot> — an agent is gone but still counted: end it like one that exited\n"
+        "/help — this text\n"
+        "In an agent's topic, /interrupt, /kill, /eof, /queue and /drop act on the agent; everything else "
+        "goes to it.\n\n" + deletion_rules(grace_s)
+    )
 
 
 def register(app: Application, *, desk: ControlDesk, status: StatusView, control: ControlTopic, notices: Notices,
@@ -46,6 +53,7 @@ def register(app: Application, *, desk: ControlDesk, status: StatusView, control
     delete a topic) run in the background and answer when they are done."""
     where = owner_messages(chat_id, owner_ids) & InThread(lambda: control.thread_id)
     answer = notices.answer  # (text, *, fmt=None)
+    grace_s = desk.cleanup_grace_ms / 1000
 
     async def status_(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         await answer(render_board(await status.snapshot()), fmt="pre")
@@ -55,11 +63,12 @@ def register(app: Application, *, desk: ControlDesk, status: StatusView, control
         if args not in (["on"], ["off"]):
             current = await desk.preferences.cleanup_policy()
             shown = {True: "on", False: "off", None: "unknown"}[current]
-            await answer(f"Usage: /cleanup on|off (currently {shown}).\n\n{DELETION_RULES}")
+            await answer(f"Usage: /cleanup on|off (currently {shown}).\n\n{deletion_rules(grace_s)}")
             return
         await desk.set_cleanup_policy(args[0] == "on")
         await answer("Cleanup is on: when an agent ends (its program exits, its process dies on the leader's "
-                     "computer, or you /forget its slot), its topic is deleted." if args[0] == "on" else
+                     "computer, or you /forget its slot), its topic is deleted, after its output and "
+                     "the grace time (see /help)." if args[0] == "on" else
                      "Cleanup is off: when an agent ends, its topic is kept and detached; the agent gets it back "
                      "when it returns.")
 
@@ -99,7 +108,7 @@ def register(app: Application, *, desk: ControlDesk, status: StatusView, control
         spawn(apply())
 
     async def help_(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        await answer(HELP)
+        await answer(help_text(grace_s))
 
     app.add_handler(CommandHandler("status", status_, filters=where), group=0)
     app.add_handler(CommandHandler("cleanup", cleanup, filters=where), group=0)

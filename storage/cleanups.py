@@ -1,4 +1,9 @@
-"""Pending cleanup intents: durable destructive intent, written before any Telegram close/delete."""
+"""Cleanups of finished agents' topics.
+
+* :class:`ScheduledCleanup` — a topic kept readable for its grace period; when it falls due and
+  nobody took the workspace back, it becomes
+* :class:`CleanupIntent` — durable destructive intent, written before any Telegram close/delete.
+"""
 
 from __future__ import annotations
 
@@ -49,3 +54,48 @@ class CleanupRepository:
     @staticmethod
     async def note_error_tx(uow: UnitOfWork, intent_id: str, error: str) -> None:
         await uow.execute("UPDATE pending_cleanups SET last_error = ? WHERE id = ?", (error[:500], intent_id))
+
+
+@dataclass(frozen=True)
+class ScheduledCleanup:
+    binding_key: str
+    instance_id: str
+    registration_generation: str
+    chat_id: int
+    thread_id: int
+    reason: str
+    requested_at_ms: int
+    due_at_ms: int
+
+    def intent(self) -> CleanupIntent:
+        return CleanupIntent(
+            id=CleanupIntent.make_id(self.instance_id, self.registration_generation, self.chat_id, self.thread_id),
+            binding_key=self.binding_key, instance_id=self.instance_id,
+            registration_generation=self.registration_generation, chat_id=self.chat_id, thread_id=self.thread_id,
+            reason=self.reason, requested_at_ms=self.requested_at_ms)
+
+
+class ScheduledCleanupRepository:
+    def __init__(self, db: Database):
+        self._db = db
+
+    async def all(self) -> list[ScheduledCleanup]:
+        rows = await self._db.fetch_all("SELECT * FROM scheduled_cleanups ORDER BY due_at_ms, binding_key")
+        return [ScheduledCleanup(**dict(r)) for r in rows]
+
+    async def get(self, binding_key: str) -> ScheduledCleanup | None:
+        row = await self._db.fetch_one("SELECT * FROM scheduled_cleanups WHERE binding_key = ?", (binding_key,))
+        return None if row is None else ScheduledCleanup(**dict(row))
+
+    @staticmethod
+    async def put_tx(uow: UnitOfWork, cleanup: ScheduledCleanup) -> None:
+        """Schedule (or re-schedule: one row per binding, the later departure wins)."""
+        await uow.execute(
+            """INSERT OR REPLACE INTO scheduled_cleanups (binding_key, instance_id, registration_generation, chat_id,
+                   thread_id, reason, requested_at_ms, due_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+            (cleanup.binding_key, cleanup.instance_id, cleanup.registration_generation, cleanup.chat_id,
+             cleanup.thread_id, cleanup.reason, cleanup.requested_at_ms, cleanup.due_at_ms))
+
+    @staticmethod
+    async def remove_tx(uow: UnitOfWork, binding_key: str) -> None:
+        await uow.execute("DELETE FROM scheduled_cleanups WHERE binding_key = ?", (binding_key,))

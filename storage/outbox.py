@@ -123,6 +123,12 @@ class OutboxRepository:
         await uow.execute("UPDATE outbox SET thread_id = ? WHERE binding_key = ? AND status = 'pending'",
                           (thread_id, binding_key))
 
+    async def pending_in(self, chat_id: int, thread_id: int) -> int:
+        """Rows still to go out into one topic (a topic is closed or deleted only at 0)."""
+        return int(await self._db.fetch_value(
+            "SELECT COUNT(*) FROM outbox WHERE status = 'pending' AND chat_id = ? AND thread_id = ?",
+            (chat_id, thread_id)) or 0)
+
     async def count_pending(self) -> int:
         return int(await self._db.fetch_value("SELECT COUNT(*) FROM outbox WHERE status = 'pending'") or 0)
 

@@ -23,7 +23,7 @@ from topicbus.core.startup import Timers
 from topicbus.leader.agent_commands import AgentCommands, OfflineQueue
 from topicbus.leader.control import ControlDesk
 from topicbus.leader.delivery import DeliveryHub
-from topicbus.leader.departure import DepartureHandler, Departures
+from topicbus.leader.departure import DepartureHandler, Departures, ScheduledCleanups
 from topicbus.leader.followers import FollowerDesk
 from topicbus.leader.inbound import InboundScreen
 from topicbus.leader.notices import Notices
@@ -75,7 +75,7 @@ class LeaderServices:
 def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
              default_display_mode: DisplayMode | None, stale_after_ms: int, outbound_options: OutboundOptions,
              display_debounce_s: float = DEBOUNCE_S, offline_ttl_s: float = 86_400.0,
-             receipt_reaction: str | None = "👀") -> LeaderServices:
+             receipt_reaction: str | None = "👀", cleanup_grace_s: float = 600.0) -> LeaderServices:
     telegram = TelegramGateway(bot)
     titles = TopicCache(BindingRepository(term.db))
     # Every outbound call of the term goes through the one scheduler that spends the chat's budget;
@@ -100,7 +100,11 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     topics = TopicEvents(term, roster, titles, display.schedule)
     provisioner = TopicProvisioner(term, gateway, preferences)
     rotation = SlotRotation(term=term, roster=roster, admission=admission, gateway=gateway, gate=provisioner.gate)
-    departures = Departures(term, roster, preferences, admission, mutations, DepartureHandler(term, gateway),
+    notices = Notices(term, control, outbound.wake)
+    handler = DepartureHandler(term, gateway)
+    departures = Departures(term, roster, preferences, admission, mutations, handler,
+                            ScheduledCleanups(term, handler, admission, timers, notices, display.schedule,
+                                              grace_ms=int(cleanup_grace_s * 1000)),
                             display.schedule)
     pruner = FollowerPruner(
         registry=roster.registry, now_ms=term.now_ms, stale_after_ms=stale_after_ms,
@@ -108,7 +112,6 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         liveness=lambda r: liveness.probe(r.pid, r.process_birth_id, r.host_id),
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
         on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record)
-    notices = Notices(term, control, outbound.wake)
     router = Router(term, roster, gateway, notices, outbound, timers=timers)
     agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
@@ -145,6 +148,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
         done, failed = await s.departures.handler.replay(authority)
         if done or failed:
             s.term.events.record("Replayed pending cleanups", phase="cleanup-replay", completed=done, pending=failed)
+        s.departures.scheduled.resume()  # topics in their grace period: deleted when it ends
     if provision_control is None:
         await s.registrations.provision_control_topic()
     elif not await provision_control():

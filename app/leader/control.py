@@ -35,6 +35,11 @@ class ControlDesk:
         self._pruner = pruner
         self._bindings = BindingRepository(term.db)
 
+    @property
+    def cleanup_grace_ms(self) -> int:
+        """How long a finished agent's topic stays before cleanup deletes it (TOPICBUS_CLEANUP_GRACE_S)."""
+        return self._departures.scheduled.grace_ms
+
     async def set_cleanup_policy(self, enabled: bool) -> None:
         await self.preferences.set_cleanup_policy(enabled)
 
@@ -72,6 +77,11 @@ class ControlDesk:
                     "/forget is only for an agent that is gone but still counted.")
         owner = await self._bindings.owner(binding.binding_key)
         if owner is None:
+            expedited = await self._departures.scheduled.expedite(binding.binding_key)
+            if expedited:
+                return f"{name} forgotten: its topic was deleted before the end of its grace time."
+            if expedited is not None:
+                return f"{name} forgotten: its topic is deleted as soon as its last output is posted."
             return f"{name} has no agent to forget: it was already released (its topic is kept, already detached)."
         record = FollowerRecord(instance_id=owner.instance_id, registration_generation=owner.registration_generation,
                                 pid=owner.pid, process_birth_id=owner.process_birth_id, host_id=owner.host_id,

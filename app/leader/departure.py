@@ -1,6 +1,15 @@
 """What happens to the topic of a follower that is gone for good.
 
-* **Cleanup** (policy on; proven death or graceful disconnect): durable intent first, then close and
+* **Cleanup after a grace period** (policy on; graceful disconnect or proven death, issue 12): the
+  topic stays readable for ``TOPICBUS_CLEANUP_GRACE_S`` (default 600 s). The owner record is
+  detached and the binding stamped inactive at once (as preservation does), a
+  :class:`~topicbus.storage.cleanups.ScheduledCleanup` is written, and after a proven death the
+  topic gets ``⏹ process ended`` behind its pending output. When the time is up and nobody took the
+  workspace back (a registration of the same workspace keeps the topic), and once every pending
+  output row of the topic went out, the cleanup below runs. Slot rotation may retire such a topic
+  earlier when every slot is taken: a scheduled cleanup does not protect its slot.
+* **Cleanup** (the grace is 0 and nothing is left to send, ``/forget``, or a scheduled cleanup that
+  fell due): durable intent first, then close and
   delete the topic, then mark the binding's topic deleted and the binding inactive, then drop the
   intent. An unconfirmed deletion keeps the intent and the binding and says so.
 * **Preservation** (policy off; proven death): detach the routeable owner record and stamp the
@@ -19,16 +28,22 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from topicbus.bot.gateway import Outcome
-from topicbus.leader.outbound import ScheduledGateway
 from topicbus.core.mutations import FollowerMutationQueue, follower_mutation_key
 from topicbus.core.registry import FollowerRecord
+from topicbus.core.startup import Timers
+from topicbus.leader.notices import Notices
+from topicbus.leader.outbound import ScheduledGateway
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
 from topicbus.storage.admission import PROFILE, AdmissionLedger
 from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.cleanups import CleanupIntent, CleanupRepository
+from topicbus.storage.cleanups import CleanupIntent, CleanupRepository, ScheduledCleanup, ScheduledCleanupRepository
 from topicbus.storage.db import Authority
+from topicbus.storage.outbox import OutboxRepository
+
+PROCESS_ENDED = "⏹ process ended"  # after a proven death; follow itself posts the exit code when it survives
+DRAIN_RECHECK_S = 1.0  # a due cleanup whose topic still has output to send looks again after this
 
 T = TypeVar("T")
 
@@ -135,13 +150,154 @@ class DepartureHandler:
         return True
 
 
+class ScheduledCleanups:
+    """Finished agents' topics kept readable for their grace period, then deleted if nobody took
+    the workspace back — never before the topic's output went out (SPEC §9.1, "Exit hand-off")."""
+
+    def __init__(self, term: LeaderTerm, handler: DepartureHandler, admission: AdmissionLedger, timers: Timers,
+                 notices: Notices, on_roster_change: Callable[[], None], *, grace_ms: int):
+        self._term = term
+        self._handler = handler
+        self._admission = admission
+        self._timers = timers
+        self._notices = notices
+        self._on_roster_change = on_roster_change
+        self.grace_ms = max(0, grace_ms)
+        self._repo = ScheduledCleanupRepository(term.db)
+        self._bindings = BindingRepository(term.db)
+        self._outbox = OutboxRepository(term.db)
+        self._waiting_for_output: set[str] = set()  # logged once per cleanup held back by output
+
+    async def depart(self, follower: FollowerRecord, authority: Authority, *, reason: str,
+                     notice: str | None = None) -> None:
+        """Cleanup is on and ``follower`` is gone (graceful disconnect or proven death); runs inside
+        the departure's admitted operation. With no grace and nothing left to send, the topic is
+        deleted at once (the reference's path); otherwise the cleanup is scheduled."""
+        target = follower.target
+        if target is None or target.thread_id is None or follower.binding_key is None:
+            return
+        if not follower.registration_generation:
+            raise CleanupUnconfirmed("Follower cleanup requires an exact registration generation.")
+        if self.grace_ms == 0 and await self._outbox.pending_in(target.chat_id, target.thread_id) == 0:
+            await self._handler.cleanup(follower, authority, reason=reason)
+            return
+        now = self._term.now_ms()
+        scheduled = ScheduledCleanup(
+            binding_key=follower.binding_key, instance_id=follower.instance_id,
+            registration_generation=follower.registration_generation, chat_id=target.chat_id,
+            thread_id=target.thread_id, reason=reason, requested_at_ms=now, due_at_ms=now + self.grace_ms)
+        async with self._term.unit_of_work(authority) as uow:
+            owner = await BindingRepository.owner_tx(uow, follower.binding_key)
+            if owner is not None:
+                if (owner.instance_id, owner.registration_generation) != (
+                        follower.instance_id, follower.registration_generation):
+                    return  # a newer registration holds the workspace: its topic stays
+                await BindingRepository.detach_owner_tx(uow, owner)
+            await BindingRepository.mark_inactive_tx(uow, follower.binding_key, now)
+            await ScheduledCleanupRepository.put_tx(uow, scheduled)
+        if notice is not None and self.grace_ms > 0:  # with no grace the topic is about to go: no notice
+            await self._notices.post(follower.binding_key, notice, authority=authority)
+        self._term.events.record("Topic kept for its grace period", phase="cleanup-scheduled",
+                                 instanceId=follower.instance_id, chatId=target.chat_id, threadId=target.thread_id,
+                                 graceS=self.grace_ms / 1000, reason=reason)
+        self._arm(scheduled.binding_key, self.grace_ms / 1000)
+
+    def resume(self) -> None:
+        """At the start of a term: arm every scheduled cleanup of earlier terms (due ones at once)."""
+        self._term.spawn(self._resume())
+
+    async def _resume(self) -> None:
+        now = self._term.now_ms()
+        for scheduled in await self._repo.all():
+            self._arm(scheduled.binding_key, max(0, scheduled.due_at_ms - now) / 1000)
+
+    async def pending(self) -> list[ScheduledCleanup]:
+        return await self._repo.all()
+
+    async def run_due(self) -> int:
+        """Run every cleanup whose time is up (the timers call this; so may a test with its own
+        clock). Returns how many topics were deleted."""
+        deleted = 0
+        now = self._term.now_ms()
+        for scheduled in await self._repo.all():
+            if scheduled.due_at_ms <= now:
+                deleted += await self._run(scheduled.binding_key)
+        return deleted
+
+    async def expedite(self, binding_key: str) -> int | None:
+        """``/forget`` on a topic in its grace period: the cleanup runs now (its output still goes
+        first). None when no cleanup is scheduled for ``binding_key``."""
+        if await self._repo.get(binding_key) is None:
+            return None
+        return await self._run(binding_key, now=True)
+
+    def _arm(self, binding_key: str, delay_s: float) -> None:
+        async def fire() -> None:
+            try:
+                await self._run(binding_key)
+            except Exception as exc:  # noqa: BLE001 - a timer callback must not raise into the job queue
+                self._term.events.record(exc, phase="cleanup-scheduled", level="ERROR", bindingKey=binding_key)
+                self._arm(binding_key, DRAIN_RECHECK_S * 10)
+
+        self._timers.once(f"topicbus.cleanup:{binding_key}", delay_s, fire)
+
+    async def _run(self, binding_key: str, *, now: bool = False) -> int:
+        authority = self._term.current()
+        if authority is None:
+            return 0  # this term is over; the next leader resumes the schedule
+        deleted = await self._admission.run(self._term.new_id(), "workspace.cleanup-after-grace", [PROFILE],
+                                            lambda: self._due(binding_key, authority, now=now))
+        if deleted:
+            self._on_roster_change()
+        return deleted
+
+    async def _due(self, binding_key: str, authority: Authority, *, now: bool) -> int:
+        scheduled = await self._repo.get(binding_key)
+        if scheduled is None:
+            return 0
+        if not now and scheduled.due_at_ms > self._term.now_ms():
+            # Re-scheduled by a later departure (or the timer fired early): wait for the rest.
+            self._arm(binding_key, (scheduled.due_at_ms - self._term.now_ms()) / 1000)
+            return 0
+        binding = await self._bindings.get(binding_key)
+        owner = await self._bindings.owner(binding_key)
+        if (binding is None or owner is not None or binding.thread_id != scheduled.thread_id
+                or binding.topic_state == "deleted"):
+            # The workspace came back (same topic, kept), or rotation retired the topic earlier.
+            async with self._term.unit_of_work(authority) as uow:
+                await ScheduledCleanupRepository.remove_tx(uow, binding_key)
+            self._waiting_for_output.discard(binding_key)
+            self._term.events.record("Scheduled cleanup dropped: the topic is in use again or already gone",
+                                     phase="cleanup-kept", chatId=scheduled.chat_id, threadId=scheduled.thread_id)
+            return 0
+        pending = await self._outbox.pending_in(scheduled.chat_id, scheduled.thread_id)
+        if pending:
+            if binding_key not in self._waiting_for_output:
+                self._waiting_for_output.add(binding_key)
+                self._term.events.record("Cleanup waits until the topic's output went out", phase="cleanup-drain",
+                                         chatId=scheduled.chat_id, threadId=scheduled.thread_id, pending=pending)
+            self._arm(binding_key, DRAIN_RECHECK_S)
+            return 0
+        self._waiting_for_output.discard(binding_key)
+        intent = scheduled.intent()
+        async with self._term.unit_of_work(authority) as uow:
+            await CleanupRepository.upsert_tx(uow, intent)  # durable intent before any Telegram call
+            await ScheduledCleanupRepository.remove_tx(uow, binding_key)
+        try:
+            return int(await self._handler.apply(intent, authority))
+        except CleanupUnconfirmed as exc:
+            self._term.events.record(exc, phase="cleanup-scheduled", level="WARNING", intentId=intent.id)
+            return 0
+
+
 class Departures:
     """When a follower is gone for good: admission, then its mutation queue, then the departure."""
 
     def __init__(self, term: LeaderTerm, roster: Roster, preferences: Preferences, admission: AdmissionLedger,
-                 mutations: FollowerMutationQueue, handler: DepartureHandler,
+                 mutations: FollowerMutationQueue, handler: DepartureHandler, scheduled: ScheduledCleanups,
                  on_roster_change: Callable[[], None]):
         self._term = term
+        self.scheduled = scheduled
         self._roster = roster
         self._preferences = preferences
         self._admission = admission
@@ -154,11 +310,15 @@ class Departures:
         return await self._admission.run(operation_id, kind, [PROFILE],
                                          lambda: self._mutations.run(follower_mutation_key(record), op))
 
-    async def _depart(self, record: FollowerRecord, authority: Authority, reason: str) -> bool:
-        """The one cleanup-or-preserve decision: policy on → delete the topic; otherwise keep it and
-        detach (an unknown policy never deletes). Returns True when cleanup was chosen."""
+    async def _depart(self, record: FollowerRecord, authority: Authority, reason: str, *, grace: bool) -> bool:
+        """The one cleanup-or-preserve decision: policy on → delete the topic (after its grace period
+        when ``grace``); otherwise keep it and detach (an unknown policy never deletes). Returns True
+        when cleanup was chosen."""
         if await self._preferences.cleanup_policy() is True:
-            await self.handler.cleanup(record, authority, reason=reason)
+            if grace:
+                await self.scheduled.depart(record, authority, reason=reason)
+            else:
+                await self.handler.cleanup(record, authority, reason=reason)
             return True
         await self.handler.preserve(record, lambda: self._term.is_current(authority), authority)
         return False
@@ -169,7 +329,7 @@ class Departures:
             current = still_registered()
             authority = self._term.authority()
             try:
-                await self._depart(current, authority, "disconnect")
+                await self._depart(current, authority, "disconnect", grace=True)
             finally:
                 self._roster.drop(current.instance_id)
                 self._on_roster_change()
@@ -177,12 +337,13 @@ class Departures:
         await self._admitted(self._term.new_id(), "workspace.disconnect-follower", record, op)
 
     async def confirmed_dead(self, record: FollowerRecord, is_detached: Callable[[], bool]) -> None:
-        """The pruner proved the process dead on a fresh attempt with cleanup on: delete."""
+        """The pruner proved the process dead on a fresh attempt with cleanup on: ``⏹ process ended``
+        behind the topic's output, then delete after the grace period."""
         authority = self._term.authority()
 
         async def op() -> None:
             if is_detached():
-                await self.handler.cleanup(record, authority, reason="confirmed-dead")
+                await self.scheduled.depart(record, authority, reason="confirmed-dead", notice=PROCESS_ENDED)
 
         try:
             await self._admitted(self._term.new_id(), "workspace.cleanup-dead-follower", record, op)
@@ -212,10 +373,10 @@ class Departures:
         return settled
 
     async def forget(self, record: FollowerRecord) -> bool:
-        """Operator proof that the follower is gone (``/forget``); True when its topic was deleted,
-        False when it was kept and detached."""
+        """Operator proof that the follower is gone (``/forget``); True when its topic was deleted
+        (at once: the operator asked), False when it was kept and detached."""
         authority = self._term.authority()
         deleted = await self._admitted(self._term.new_id(), "workspace.forget-follower", record,
-                                       lambda: self._depart(record, authority, "operator-forget"))
+                                       lambda: self._depart(record, authority, "operator-forget", grace=False))
         self._on_roster_change()
         return deleted

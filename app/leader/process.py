@@ -192,7 +192,7 @@ class Leadership:
                             liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
                             default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms,
                             outbound_options=outbound_options(s), offline_ttl_s=s.offline_ttl_s,
-                            receipt_reaction=s.receipt_reaction)
+                            receipt_reaction=s.receipt_reaction, cleanup_grace_s=s.cleanup_grace_s)
         self.services = services
         # Before the term opens: the start-up checks call Telegram directly (no chat budget spent,
         # and the scheduler has not started yet).

@@ -103,6 +103,7 @@ class Cluster:
             "TOPICBUS_RATE_LIMIT_PER_CHAT_PER_MINUTE": "100000",
             "TOPICBUS_RATE_LIMIT_PER_CHAT_PER_SECOND": "1000",
             "TOPICBUS_LOG_LEVEL": "DEBUG",
+            "TOPICBUS_CLEANUP_GRACE_S": "0",  # the reference's checks delete at once; grace tests set their own
         })
         env.update(self.env_overrides)
         env.update(extra)

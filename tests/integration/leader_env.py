@@ -110,6 +110,7 @@ class LeaderEnv:
                                                                     overall_per_second=10_000))
         self.offline_ttl_s = 86_400.0
         self.receipt_reaction: str | None = "👀"
+        self.cleanup_grace_s = 0.0  # the reference's cases delete at once; grace tests set their own
         self.services: LeaderServices | None = None
         self.term: LeaderTerm | None = None
         self.authority: Authority | None = None
@@ -132,7 +133,7 @@ class LeaderEnv:
                                  default_display_mode=self.display_mode, stale_after_ms=self.stale_after_ms,
                                  display_debounce_s=self.display_debounce_s,
                                  outbound_options=self.outbound_options, offline_ttl_s=self.offline_ttl_s,
-                                 receipt_reaction=self.receipt_reaction)
+                                 receipt_reaction=self.receipt_reaction, cleanup_grace_s=self.cleanup_grace_s)
 
         async def no_control_topic() -> bool:
             return True
