@@ -13,8 +13,8 @@ from topicbus.leader.delivery import DeliveryHub, FollowerConnection
 
 
 class Roster:
-    def __init__(self, hub: DeliveryHub):
-        self.registry = FollowerRegistry()
+    def __init__(self, hub: DeliveryHub, registry: FollowerRegistry | None = None):
+        self.registry = registry if registry is not None else FollowerRegistry()
         self.hub = hub
         self._connections: dict[str, FollowerConnection] = {}  # instance id -> socket
         self._restored: set[str] = set()  # instance ids restored from the store, not registered again yet
