@@ -88,7 +88,7 @@ class DeliveryHub:
             while self._routes.get(binding_key) is route and not route.connection.closed:
                 page = await self._journal.pending(binding_key, limit=PAGE, after_seq=route.high_water)
                 for item in page:
-                    prepared = await self._screen.screen(binding_key, route.capabilities, item)
+                    prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
                     if prepared is HOLD:
                         route.caught_up = False
                         return sent
@@ -119,7 +119,7 @@ class DeliveryHub:
                       and all(item.seq > route.high_water for item in items))
             if direct:
                 for item in items:
-                    prepared = await self._screen.screen(binding_key, route.capabilities, item)
+                    prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
                     if prepared is HOLD:
                         route.caught_up = False
                         return 0
