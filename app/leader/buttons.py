@@ -110,6 +110,7 @@ class ButtonPresses:
         self._commands = commands
         self._gateway = gateway
         self._keyboards = KeyboardRepository(term.db)
+        self._showing: set[str] = set()  # keyboards whose choice is being shown now
         self.outcomes: dict[str, int] = {}
 
     async def press(self, press: Press, *, by_owner: bool) -> str:
@@ -205,9 +206,17 @@ class ButtonPresses:
                                              result.outcome, result.message)
 
     def _show_later(self, token: str) -> None:
-        self._term.spawn(self._show(token))
+        if token not in self._showing:
+            self._showing.add(token)
+            self._term.spawn(self._show(token))
 
     async def _show(self, token: str) -> None:
+        try:
+            await self._show_choice(token)
+        finally:
+            self._showing.discard(token)
+
+    async def _show_choice(self, token: str) -> None:
         """Edit the answered message: the choice under its text, the buttons gone (once)."""
         keyboard = await self._keyboards.get(token)
         if keyboard is None or keyboard.shown_at_ms is not None or keyboard.message_id is None:
