@@ -3,8 +3,12 @@
 A row's ``status``: ``pending`` (waits for its follower's receipt), ``gathering`` (an album part
 waiting for the rest of its album; delivery stops there so that order is kept), and the settled
 states ``delivered``, ``merged`` (an album part folded into its album's first row), ``skipped`` (the
-follower does not take that delivery type, or a button press meant for an earlier process), ``dropped`` (``/drop``) and ``expired`` (older than the
-offline TTL). ``delivered_at_ms`` is when a row was settled, whichever way.
+follower does not take that delivery type, or a button press meant for an earlier process),
+``dropped`` (``/drop``) and ``expired`` (older than the offline TTL). ``delivered_at_ms`` is when a
+row was settled, whichever way.
+
+A row with ``for_instance`` (a button press) is generation-bound: only that follower process gets
+it, also after it reconnects; a successor never does.
 """
 
 from __future__ import annotations

@@ -90,8 +90,9 @@ class KeyboardRepository:
                 return found
             token = new_token()
             await uow.execute(
-                """INSERT INTO inline_keyboards (token, kind, outbox_id, binding_key, instance_id, registration_generation,
-                       takes_presses, chat_id, thread_id, buttons, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                """INSERT INTO inline_keyboards (token, kind, outbox_id, binding_key, instance_id,
+                       registration_generation, takes_presses, chat_id, thread_id, buttons, created_at_ms)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (token, kind, outbox_id, binding_key, instance_id, generation,
                  None if takes_presses is None else int(takes_presses), chat_id, thread_id,
                  json.dumps(buttons, separators=(",", ":"), ensure_ascii=False), now_ms))
