@@ -43,13 +43,16 @@ class QueuedItem:
     has_buttons: bool = False
 
 
+EDIT_INTERVAL_MS = 4_000  # a live message is edited at most this often (in a 60 s window)
+
+
 @dataclass(frozen=True)
 class OutputConfig:
     max_message: int = MAX_MESSAGE
     file_threshold: int = 3 * MAX_MESSAGE  # 0: never send output as a file
     max_file_units: int = 2_000_000
     live_window_ms: int = 60_000  # 0: never grow a message by edits
-    edit_interval_ms: int = 4_000
+    edit_interval_ms: int = EDIT_INTERVAL_MS
     quiet_ms: int = 3_000
     coalesce: bool = True  # False: every item is its own notifying message (the first release's way)
 
