@@ -202,6 +202,15 @@ class TopicTurn:
         s.owes_ping = True
         s.last_line = _last_line(raw) or s.last_line
 
+    def owner_spoke(self) -> None:
+        """An owner wrote in the topic: the conversation moved on. Output after this starts a new
+        message below the owner's (an edit would grow a message above it, out of sight), and it is
+        an answer, so it notifies; a ping still owed is dropped (the owner is looking)."""
+        s = self.stream
+        s.live = None
+        s.last_output_ms = None
+        s.owes_ping = False
+
     def pinged(self, now_ms: int) -> None:
         s = self.stream
         s.owes_ping = False
