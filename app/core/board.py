@@ -25,7 +25,8 @@ def render_board(snapshot: dict[str, Any]) -> str:
              f"cleanup {snapshot.get('cleanupPolicy', '?')} · {snapshot.get('displayMode', '?')}"[:WIDTH]]
     budget = snapshot.get("budget")
     if budget:
-        line = f"budget {budget['usedLastMinute']}/{budget['perMinute'] or '∞'} a min"
+        per_minute = budget["perMinute"]
+        line = f"budget {budget['usedLastMinute']}/{f'{per_minute:g}' if per_minute else '∞'} a min"
         if budget.get("pausedForS"):
             line += f" · wait {budget['pausedForS']:.0f}s"
         lines.append(line[:WIDTH])

@@ -52,7 +52,7 @@ def test_status_renders_a_standby_without_a_live_view():
 def test_status_board_fits_a_phone_and_lists_slots_states_backlog_and_rotation():
     board = render_board({
         "role": "leader", "epoch": 2, "cleanupPolicy": "off", "displayMode": "letters",
-        "budget": {"usedLastMinute": 7, "perMinute": 20, "pausedForS": 12.0},
+        "budget": {"usedLastMinute": 7, "perMinute": 20.0, "pausedForS": 12.0},
         "bindings": [
             {"slot": "A", "title": "topicbus control", "state": "control", "heartbeatAgeMs": None, "queued": 0},
             {"slot": "B", "title": "a rather long project title", "state": "live", "heartbeatAgeMs": 1200,
