@@ -59,6 +59,8 @@ def test_status_board_fits_a_phone_and_lists_slots_states_backlog_and_rotation()
              "queued": 2, "outboxItems": 31, "outboxUnits": 12_345},
             {"slot": "C", "title": "C", "state": "preserved", "heartbeatAgeMs": None, "queued": 0},
             {"slot": "D", "title": "gone", "state": "deleted", "heartbeatAgeMs": None, "queued": 0},
+            {"slot": "E", "title": "finished", "state": "ending", "heartbeatAgeMs": None, "queued": 0,
+             "deletesInMs": 540_000},
         ],
         "rotation": {"slotsUsed": 3, "rotationOrder": [{"slot": "C", "protection": "eligible"}],
                      "fence": {"slot": "D", "phase": "deletion-issued", "threadId": 9}},
@@ -70,5 +72,6 @@ def test_status_board_fits_a_phone_and_lists_slots_states_backlog_and_rotation()
     assert any(line.startswith("B a rather long pro") and "live" in line and "1s" in line for line in lines)
     assert "  out 31 (12.3k ch) · in 2" in lines
     assert any(line.startswith("C ") and "kept" in line for line in lines)
+    assert any(line.startswith("E finished") and line.endswith("ends in    9m") for line in lines), lines
     assert not any("gone" in line for line in lines)  # deleted bindings are left out
     assert "slots 3/26 · next C" in lines and "retiring D: deletion-issued" in lines
