@@ -7,8 +7,8 @@ fake (429 beyond it) and known to the leader.
 **Time is compressed 10×** in both the fake and the leader: 20 calls per 6 s window and 10 calls a
 second (``TOPICBUS_RATE_LIMIT_WINDOW_S=6``, ``..._PER_CHAT_PER_SECOND=10``) instead of 20 per 60 s
 and 1 a second. The leader's output timings scale with it (``TOPICBUS_LIVE_MESSAGE_S=6``,
-``TOPICBUS_STREAM_QUIET_S=0.3``; the 4 s edit interval is fixed and stays as it is, so "now" is a
-little pessimistic). Times below are reported **in Telegram time** (measured × 10).
+``TOPICBUS_STREAM_QUIET_S=0.3``; the 4 s edit interval scales with the window). Times below are
+reported **in Telegram time** (measured × 10).
 
 Two modes, side by side:
 * **now** — the scheduler with its defaults: coalescing, files, growing messages, pings;

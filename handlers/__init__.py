@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 from telegram.ext import Application
 
-from topicbus.handlers import agent_commands, buttons, control, outside, topic_events, topic_messages
+from topicbus.handlers import agent_commands, buttons, control, outside, topic_events, topic_messages, turns
 
 if TYPE_CHECKING:
     from topicbus.leader.assembly import LeaderServices
 
 
 def register_all(app: Application, services: LeaderServices, *, chat_id: int, owner_ids: frozenset[int]) -> None:
+    turns.register(app, outbound=services.outbound, chat_id=chat_id, owner_ids=owner_ids)
     topic_events.register(app, topics=services.topics, chat_id=chat_id, owner_ids=owner_ids)
     control.register(app, desk=services.control_desk, status=services.status, control=services.control,
                      notices=services.notices, spawn=services.term.spawn, chat_id=chat_id, owner_ids=owner_ids)
@@ -26,4 +27,4 @@ def register_all(app: Application, services: LeaderServices, *, chat_id: int, ow
     topic_messages.register(app, router=services.router, control=services.control, chat_id=chat_id,
                             owner_ids=owner_ids)
     outside.register(app, notices=services.notices, control=services.control, chat_id=chat_id, owner_ids=owner_ids)
-    buttons.register(app, presses=services.buttons, owner_ids=owner_ids)
+    buttons.register(app, presses=services.buttons, outbound=services.outbound, owner_ids=owner_ids)

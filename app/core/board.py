@@ -25,7 +25,8 @@ def render_board(snapshot: dict[str, Any]) -> str:
              f"cleanup {snapshot.get('cleanupPolicy', '?')} · {snapshot.get('displayMode', '?')}"[:WIDTH]]
     budget = snapshot.get("budget")
     if budget:
-        line = f"budget {budget['usedLastMinute']}/{budget['perMinute'] or '∞'} a min"
+        per_minute = budget["perMinute"]
+        line = f"budget {budget['usedLastMinute']}/{f'{per_minute:g}' if per_minute else '∞'} a min"
         if budget.get("pausedForS"):
             line += f" · wait {budget['pausedForS']:.0f}s"
         lines.append(line[:WIDTH])
@@ -34,9 +35,10 @@ def render_board(snapshot: dict[str, Any]) -> str:
     shown = [b for b in snapshot.get("bindings", []) if b.get("state") != "deleted"]
     for b in shown:
         state = {"control": "", "live": "live", "offline": "offline", "preserved": "kept",
-                 "detached": "detached"}.get(b["state"], b["state"])
-        lines.append(f"{b.get('slot') or '·'} {b['title'][:17]:<17} {state:<8} {_age(b.get('heartbeatAgeMs')):>4}"
-                     .rstrip()[:WIDTH])
+                 "detached": "detached", "ending": "ends in"}.get(b["state"], b["state"])
+        # The last column: a live agent's heartbeat age, or how long an ended agent's topic stays.
+        age = _age(b.get("deletesInMs") if b["state"] == "ending" else b.get("heartbeatAgeMs"))
+        lines.append(f"{b.get('slot') or '·'} {b['title'][:17]:<17} {state:<8} {age:>4}".rstrip()[:WIDTH])
         waiting = []
         if b.get("outboxItems"):
             waiting.append(f"out {b['outboxItems']} ({_chars(b.get('outboxUnits', 0))} ch)")

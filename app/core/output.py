@@ -43,13 +43,16 @@ class QueuedItem:
     has_buttons: bool = False
 
 
+EDIT_INTERVAL_MS = 4_000  # a live message is edited at most this often (in a 60 s window)
+
+
 @dataclass(frozen=True)
 class OutputConfig:
     max_message: int = MAX_MESSAGE
     file_threshold: int = 3 * MAX_MESSAGE  # 0: never send output as a file
     max_file_units: int = 2_000_000
     live_window_ms: int = 60_000  # 0: never grow a message by edits
-    edit_interval_ms: int = 4_000
+    edit_interval_ms: int = EDIT_INTERVAL_MS
     quiet_ms: int = 3_000
     coalesce: bool = True  # False: every item is its own notifying message (the first release's way)
 
@@ -198,6 +201,15 @@ class TopicTurn:
             s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
         s.owes_ping = True
         s.last_line = _last_line(raw) or s.last_line
+
+    def owner_spoke(self) -> None:
+        """An owner wrote in the topic: the conversation moved on. Output after this starts a new
+        message below the owner's (an edit would grow a message above it, out of sight), and it is
+        an answer, so it notifies; a ping still owed is dropped (the owner is looking)."""
+        s = self.stream
+        s.live = None
+        s.last_output_ms = None
+        s.owes_ping = False
 
     def pinged(self, now_ms: int) -> None:
         s = self.stream

@@ -160,6 +160,13 @@ class OutboundScheduler:
         return await future
 
     # --- views --------------------------------------------------------------------------------------
+    def owner_spoke(self, chat_id: int, thread_id: int | None) -> None:
+        """An owner's message in this topic: see :meth:`TopicTurn.owner_spoke` (in memory, instant)."""
+        topic = self._topics.get((chat_id, thread_id))
+        if topic is not None:
+            topic.turn.owner_spoke()
+            self.wake(chat_id, thread_id)
+
     def backlog(self) -> dict[TopicKey, tuple[int, int]]:
         """(items, UTF-16 units) waiting per topic, as last read."""
         return {key: (t.items, t.units) for key, t in self._topics.items() if t.items}

@@ -31,7 +31,7 @@ from topicbus.bus.server import BusServer
 from topicbus.core.clock import Clock, SystemClock
 from topicbus.host import ProcessLiveness, current_host_id
 from topicbus.core.budget import BudgetConfig
-from topicbus.core.output import OutputConfig
+from topicbus.core.output import EDIT_INTERVAL_MS, OutputConfig
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
 from topicbus.leader.notices import restart_text, welcome_text
 from topicbus.leader.outbound import OutboundOptions
@@ -58,7 +58,10 @@ def outbound_options(s: Settings) -> OutboundOptions:
     budget = BudgetConfig.for_chat(s.chat_id or 0, per_minute=s.rate_limit_per_chat_per_minute,
                                    per_second=s.rate_limit_per_chat_per_second, reserve=s.budget_reserve,
                                    overall_per_second=s.rate_limit_per_second, window_s=s.rate_limit_window_s)
+    # A live message is edited at most every 4 s of a 60 s window: it scales with the window, so a
+    # compressed window (the budget benchmark) compresses it too.
     output = OutputConfig(file_threshold=s.output_file_threshold, live_window_ms=int(s.live_message_s * 1000),
+                          edit_interval_ms=int(EDIT_INTERVAL_MS * s.rate_limit_window_s / 60),
                           quiet_ms=int(s.stream_quiet_s * 1000), coalesce=s.output_coalesce)
     return OutboundOptions(budget=budget, output=output, max_items=s.outbox_max_items, max_bytes=s.outbox_max_bytes)
 

@@ -14,7 +14,7 @@ from topicbus.leader.routing import Router
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import ControlTopic
 from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.cleanups import CleanupRepository
+from topicbus.storage.cleanups import CleanupRepository, ScheduledCleanupRepository
 
 
 class StatusView:
@@ -32,6 +32,7 @@ class StatusView:
         self._pruner = pruner
         self._bindings = BindingRepository(term.db)
         self._cleanups = CleanupRepository(term.db)
+        self._scheduled = ScheduledCleanupRepository(term.db)
 
     async def snapshot(self, role: str = "leader") -> dict[str, Any]:
         now = self._term.now_ms()
@@ -41,6 +42,7 @@ class StatusView:
         owners = {o.binding_key for o in await self._bindings.owners()}
         policy = await self._preferences.cleanup_policy()
         backlog = self._outbound.backlog()
+        ending = {s.binding_key: s for s in await self._scheduled.all()}
         bindings = []
         for b in await self._bindings.all():
             live = by_binding.get(b.binding_key)
@@ -50,6 +52,8 @@ class StatusView:
                 state = "live"
             elif b.topic_state == "deleted":
                 state = "deleted"
+            elif b.binding_key in ending:
+                state = "ending"  # its agent ended; the topic is deleted when its grace period is over
             elif b.binding_key in owners:
                 state = "offline"
             else:
@@ -62,6 +66,7 @@ class StatusView:
                 "outboxUnits": backlog.get((b.chat_id, b.thread_id), (0, 0))[1],
                 "heartbeatAgeMs": (now - live.last_heartbeat_ms) if live else None,
                 "instanceId": live.instance_id if live else None,
+                "deletesInMs": max(0, ending[b.binding_key].due_at_ms - now) if state == "ending" else None,
             })
         return {
             "role": role, "epoch": self._term.epoch, "chatId": self._term.chat_id,

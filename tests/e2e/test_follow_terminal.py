@@ -68,3 +68,35 @@ async def test_python_repl_on_a_pty(cluster: Cluster, tmp_path):
     cluster.fake.push_message(CHAT_ID, "exit()", thread_id=thread, from_id=OWNER_ID)
     assert await follower.wait() == 0
     await cluster.wait_text(thread, "⏹ exited with code 0 after ")
+
+
+TICKER_THAT_ANSWERS = textwrap.dedent("""
+    import sys, threading, time
+    def tick():
+        for n in range(200):
+            print(f"tick {n}", flush=True)
+            time.sleep(0.5)
+    threading.Thread(target=tick, daemon=True).start()
+    for line in sys.stdin:
+        print("got:" + line.rstrip(), flush=True)
+""")
+
+
+async def test_an_answer_after_the_owner_spoke_is_a_new_message_below_never_an_edit_above(cluster: Cluster,
+                                                                                         tmp_path):
+    # Telegram's real budget: a steady stream grows one live message by edits.
+    budget = {"TOPICBUS_RATE_LIMIT_PER_CHAT_PER_MINUTE": "20", "TOPICBUS_RATE_LIMIT_PER_CHAT_PER_SECOND": "1"}
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false", **budget)
+    await cluster.wait_polling()
+    work = tmp_path / "ticker"
+    await cluster.start_follower(work, script=TICKER_THAT_ANSWERS, TOPICBUS_THREAD_CLEANUP="false")
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_for(lambda: any(m.edits for m in cluster.fake.messages_in(CHAT_ID, thread)), timeout=30,
+                           message="the ticker's message growing by edits")
+
+    asked = cluster.fake.push_message(CHAT_ID, "hello", thread_id=thread, from_id=OWNER_ID)["message"]["message_id"]
+    await cluster.wait_text(thread, "got:hello", timeout=30)
+    [answer] = [m for m in cluster.fake.messages_in(CHAT_ID, thread) if "got:hello" in (m.text or "")]
+    assert answer.message_id > asked  # below the question on the phone
+    assert not any("got:hello" in text for m in cluster.fake.messages_in(CHAT_ID, thread)
+                   if m.message_id < asked for _, text in m.history)  # no earlier message grew to hold it

@@ -89,3 +89,13 @@ def test_only_growable_messages_become_live() -> None:
     turn = TopicTurn()
     turn.sent_message(1_000, notify=True, message_id=5, fmt=None, raw="hi", units=2, growable=False)
     assert turn.stream.live is None
+
+
+def test_after_the_owner_spoke_output_starts_a_new_notifying_message_below_and_no_ping_is_owed() -> None:
+    turn = TopicTurn(streaming(last_output_ms=9_000, last_edit_ms=0))
+    turn.stream.owes_ping = True
+    assert plan([text(1, arrived_ms=9_500)], turn.stream, 10_000, CFG) == Extend((text(1, arrived_ms=9_500),))
+    turn.owner_spoke()
+    assert plan([text(1, arrived_ms=9_500)], turn.stream, 10_000, CFG) == NewMessage(
+        (text(1, arrived_ms=9_500),), notify=True)
+    assert plan([], turn.stream, 60_000, CFG) == Idle()
