@@ -65,6 +65,7 @@ INTERRUPT_REFUSED = {
     "expired": "⌛ This button is too old: nothing was interrupted. Use /interrupt.",
 }
 CHOICE_MARK = "👉"
+TURN_OUTCOMES = frozenset({"sent", "interrupted"})  # presses that reached the agent: the owner's turn
 
 
 @dataclass(frozen=True)
