@@ -7,8 +7,8 @@ decided here, against the keyboard the outbound scheduler stored (``leader/keybo
 * **stale presses** get an alert and change nothing: data that is not ours, a keyboard the bot no
   longer knows, a press from another chat or another message than the one the keyboard went out
   on, a follower's buttons whose message was answered already, buttons of an earlier process
-  (another follower process holds the topic now), an Interrupt button of a registration that is
-  no longer the live one;
+  (another follower process holds the topic now, or the process that sent them has ended: its
+  binding no longer names it), an Interrupt button of a registration that is no longer the live one;
 * a follower's buttons (a **choice**) when the follower does not take presses (no ``button-v1``):
   an alert that says so; nothing is journaled;
 * a valid press on a follower's buttons: in **one transaction**, the keyboard is marked answered by
@@ -44,6 +44,7 @@ from topicbus.leader.outbound import ScheduledGateway
 from topicbus.leader.routing import Router
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import CAP_BUTTON
+from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.db import AuthorityLost, UnitOfWork
 from topicbus.storage.keyboards import INTERRUPT, Keyboard, KeyboardRepository
 
@@ -53,6 +54,7 @@ STRANGER = "Only the owners of this bot can use its buttons."
 STALE = "⌛ This button no longer works: the bot does not know it any more. Nothing was sent."
 ALREADY = "Already answered: {label}. Nothing more was sent."
 EARLIER_PROCESS = "⌛ These buttons belong to an earlier run of this agent. Nothing was sent to the one running now."
+ENDED = "⌛ The program that asked has ended. Nothing was sent."
 CANNOT_TAKE = "This agent cannot take button presses (its follower does not handle them). Nothing was sent."
 SENT = "Sent to the agent: {label}"
 KEPT_OFFLINE = "The agent is offline: it gets “{label}” when it reconnects."
@@ -111,13 +113,14 @@ class ButtonPresses:
         self._commands = commands
         self._gateway = gateway
         self._keyboards = KeyboardRepository(term.db)
+        self._bindings = BindingRepository(term.db)
         self._showing: set[str] = set()  # keyboards whose choice is being shown now
         self.outcomes: dict[str, int] = {}
 
     async def press(self, press: Press, *, by_owner: bool) -> str:
         """Serve one press; returns what became of it (``sent``, ``kept``, ``repeat``, ``interrupted``,
-        ``stranger``, ``stale``, ``answered``, ``earlier-process``, ``cannot-take``, or the reason an
-        interrupt was not sent)."""
+        ``stranger``, ``stale``, ``answered``, ``earlier-process``, ``ended``, ``cannot-take``, or the
+        reason an interrupt was not sent)."""
         outcome = await self._decide(press, by_owner)
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         logger.bind(phase="button").info("button press {} by {}: {}", press.update_id,
@@ -149,6 +152,13 @@ class ButtonPresses:
         if record is not None and record.instance_id != keyboard.instance_id:
             self._answer(press, EARLIER_PROCESS, alert=True)
             return "earlier-process"
+        if record is None:
+            # Offline. The process may still come back (a leader restart, a network gap) only while the
+            # binding's owner record names it: a departure (its exit, a proven death) removes that.
+            owner = await self._bindings.owner(keyboard.binding_key)
+            if owner is None or owner.instance_id != keyboard.instance_id:
+                self._answer(press, ENDED, alert=True)
+                return "ended"
         takes = CAP_BUTTON in record.capabilities if record is not None else keyboard.takes_presses
         if takes is False:
             self._answer(press, CANNOT_TAKE, alert=True)

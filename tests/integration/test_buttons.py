@@ -11,10 +11,10 @@ import uuid
 from typing import Any
 
 from tests.fakebotapi import DEFAULT_USER_ID, SentMessage
-from tests.integration.leader_env import CHAT, LeaderEnv
+from tests.integration.leader_env import CHAT, LeaderEnv, fenced
 from tests.integration.test_inbound import WAIT, Polled, caps, polled  # noqa: F401 - the fixture
 from topicbus.core.output import OutputConfig
-from topicbus.leader.buttons import (ALREADY, CANNOT_TAKE, EARLIER_PROCESS, INTERRUPT_REFUSED, INTERRUPTED,
+from topicbus.leader.buttons import (ALREADY, CANNOT_TAKE, EARLIER_PROCESS, ENDED, INTERRUPT_REFUSED, INTERRUPTED,
                                      KEPT_OFFLINE, SENT, STALE, STRANGER)
 from topicbus.leader.keyboards import INTERRUPT_LABEL
 from topicbus.leader.outbound import OutboundOptions
@@ -194,6 +194,19 @@ async def test_a_press_for_an_offline_follower_waits_for_that_process_and_never_
     (hello,) = await polled.wait_items("b", 1)
     assert hello["type"] == "message" and hello["text"] == "hello b"
     assert await polled.statuses() == ["delivered", "skipped", "pending"]
+
+
+async def test_buttons_of_a_program_that_ended_do_nothing(env: LeaderEnv, polled: Polled):
+    env.cleanup = False  # the topic is kept after the agent leaves
+    await polled.start()
+    thread = (await env.register("a", cwd="/w", protocol=caps("button")))["threadId"]
+    await say(env, "a", "Keep going?", buttons=YES_NO)
+    message = await posted(env, thread, "Keep going?")
+    await env.services.followers.disconnect(fenced("follower.disconnect", "a", "g1"))  # its program exited
+    update = press(env, message, "Yes")
+    assert await answer(env, update) == (ENDED, True)
+    await polled.confirmed()
+    assert await journal_rows(env) == [] and message.reply_markup is not None
 
 
 async def test_a_press_redelivered_after_a_leader_crash_is_delivered_once_and_the_choice_still_shown(
