@@ -61,6 +61,20 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_json: bool = False
 
+    # --- bus hardening: TLS, connection hygiene, send queues, honest health -----------------------
+    bus_tls_cert: Path | None = None  # leader: PEM certificate (chain) for wss:// and https://
+    bus_tls_key: Path | None = None  # leader: PEM private key of that certificate
+    bus_ca_file: Path | None = None  # follower side: CA bundle to trust (a self-signed leader certificate)
+    bus_max_connections: int = Field(default=512, ge=2)
+    bus_max_unauthenticated: int = Field(default=64, ge=1)
+    bus_head_timeout_s: float = Field(default=10.0, gt=0)
+    bus_handshake_timeout_s: float = Field(default=10.0, gt=0)
+    bus_register_timeout_s: float = Field(default=30.0, gt=0)
+    bus_ping_interval_s: float = Field(default=20.0, gt=0)
+    bus_write_timeout_s: float = Field(default=10.0, gt=0)
+    bus_send_queue_kb: int = Field(default=1024, ge=64)
+    health_poll_deadline_s: float = Field(default=60.0, gt=0)
+
     @field_validator("owner_ids", mode="before")
     @classmethod
     def _split_owner_ids(cls, value: object) -> object:
@@ -115,12 +129,17 @@ class Settings(BaseSettings):
             problems.append(f"{ENV_PREFIX}CHAT_ID: {LEADER_REQUIRED['chat_id']}")
         if not self.owner_ids:
             problems.append(f"{ENV_PREFIX}OWNER_IDS: {LEADER_REQUIRED['owner_ids']}")
+        if (self.bus_tls_cert is None) != (self.bus_tls_key is None):
+            missing = "BUS_TLS_KEY" if self.bus_tls_key is None else "BUS_TLS_CERT"
+            problems.append(f"{ENV_PREFIX}{missing}: required with {ENV_PREFIX}BUS_TLS_"
+                            f"{'CERT' if missing.endswith('KEY') else 'KEY'} (TLS needs both a certificate and its key)")
         return problems
 
     @property
     def status_url(self) -> str:
         host = "127.0.0.1" if self.bus_host in ("0.0.0.0", "::", "") else self.bus_host
-        return f"http://{host}:{self.bus_port}/v1/status"
+        scheme = "https" if self.bus_tls_cert is not None else "http"
+        return f"{scheme}://{host}:{self.bus_port}/v1/status"
 
 
 class ConfigurationError(Exception):

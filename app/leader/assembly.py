@@ -88,7 +88,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         leader_epoch=lambda: term.epoch, profile=lambda: "default",
         liveness=lambda r: liveness.probe(r.pid, r.process_birth_id, r.host_id),
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
-        on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record)
+        on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record,
+        on_pruned=roster.pruned)
     outbound = OutboundSender(term, gateway, on_topic_gone=topics.gone)
     notices = Notices(term, control, outbound.wake)
     router = Router(term, roster, gateway, notices, outbound.wake)
