@@ -121,6 +121,7 @@ class ConnectionGuard:
         self._open: dict[int, _Record] = {}  # fd -> record, every open connection
         self._unauthenticated: OrderedDict[int, _Record] = OrderedDict()  # oldest first
         self.accept_paused = False
+        self.accept_errors = 0
         self.dropped_idle = 0
         self.refused = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -164,6 +165,7 @@ class ConnectionGuard:
 
         def handler(loop_: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
             if context.get("message") == ACCEPT_ERROR_MESSAGE:
+                self.accept_errors += 1
                 exc = context.get("exception")
                 reason = getattr(exc, "strerror", None) or type(exc).__name__
                 self._throttle("accept", logger.bind(phase="bus-accept").warning,
