@@ -96,6 +96,9 @@ class TelegramGateway:
     async def delete_topic(self, chat_id: int, thread_id: int) -> CallResult:
         return await self._call(self.bot.delete_forum_topic(chat_id=chat_id, message_thread_id=thread_id))
 
+    async def reopen_topic(self, chat_id: int, thread_id: int) -> CallResult:
+        return await self._call(self.bot.reopen_forum_topic(chat_id=chat_id, message_thread_id=thread_id))
+
     async def send_text(self, chat_id: int, thread_id: int | None, text: str) -> CallResult:
         return await self._call(self.bot.send_message(chat_id=chat_id, message_thread_id=thread_id, text=text))
 
