@@ -16,7 +16,11 @@ __version__ = "0.2.0"
 
 __all__ = [
     "Assignment",
+    "Button",
+    "ButtonPress",
+    "Control",
     "Delivery",
+    "DeliveryDeclined",
     "FollowerClient",
     "FollowerClosed",
     "FollowerError",
@@ -27,8 +31,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from topicbus.follower.client import (Assignment, Delivery, FollowerClient, FollowerClosed, FollowerError,
-                                          FollowerRefused, FollowerSendError, FollowerSuperseded)
+    from topicbus.follower.client import (Assignment, Button, ButtonPress, Control, Delivery, DeliveryDeclined,
+                                          FollowerClient, FollowerClosed, FollowerError, FollowerRefused,
+                                          FollowerSendError, FollowerSuperseded)
 
 
 def __getattr__(name: str) -> Any:

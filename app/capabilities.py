@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = [
     "CAP_BUTTON", "CAP_BUTTONS", "CAP_CONTROL", "CAP_DELIVER", "CAP_DISPLAY_TITLE", "CAP_EDIT", "CAP_FORMAT",
-    "CAP_MEDIA", "CAP_PHOTO", "CAP_SEND", "SEND_TYPE_CAPABILITIES", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES", "LEADER_CAPABILITIES",
+    "CAP_MEDIA", "CAP_PHOTO", "CAP_SEND", "SEND_TYPE_CAPABILITIES", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES", "LEADER_CAPABILITIES", "LEADER_V1_CAPABILITIES",
     "MESSAGE_ITEM", "REQUIRED_FOLLOWER_CAPABILITIES", "SEND_BASE_FIELDS", "SEND_FIELD_CAPABILITIES",
     "UNSUPPORTED_BY_LEADER", "Capabilities", "may_deliver",
 ]
@@ -43,7 +43,8 @@ SEND_FIELD_CAPABILITIES: Mapping[str, str] = {"format": CAP_FORMAT, "buttons": C
 #: Send message types beyond version 1's, each with the capability a leader advertises to serve it;
 #: such a type's fields are those of the named version 1 type.
 SEND_TYPE_CAPABILITIES: Mapping[str, tuple[str, str]] = {"photo": (CAP_PHOTO, "document")}
-LEADER_CAPABILITIES = frozenset({CAP_DELIVER, CAP_SEND})
+LEADER_V1_CAPABILITIES = frozenset({CAP_DELIVER, CAP_SEND})  # what the first release advertised
+LEADER_CAPABILITIES = LEADER_V1_CAPABILITIES | {CAP_FORMAT, CAP_PHOTO}  # what this leader serves
 FOLLOWER_BASE_CAPABILITIES = frozenset({CAP_DELIVER, CAP_DISPLAY_TITLE})
 REQUIRED_FOLLOWER_CAPABILITIES = frozenset({CAP_DELIVER})
 #: The follower client's local refusal of a send that uses a field the leader did not advertise.

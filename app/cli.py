@@ -27,6 +27,38 @@ Configuration comes from TOPICBUS_* environment variables (and ./.env when prese
 see README.md and .env.example for the full list."""
 
 
+FOLLOW_DESCRIPTION = """\
+Start CMD as a child process and attach it to the leader as one follower (its own topic).
+
+Each owner message is typed into CMD: its lines, then a newline. CMD's output is posted to the
+topic, monospace, without colour codes, with carriage-return progress bars and backspace spinners
+shown in their final state; stderr lines are marked with ⚠. Output that ends at a yes/no prompt
+([y/N], [Y/n], (yes/no)) gets Yes/No buttons; a press types the answer.
+
+In the topic: /interrupt (Ctrl-C), /kill (SIGTERM, then SIGKILL after 5 s), /eof (end of input),
+//text (types /text). Here: Ctrl-C goes to CMD; a second Ctrl-C within 2 s stops CMD and follow.
+When CMD exits, its output is handed over, "⏹ exited with code N" is posted, and follow exits
+with CMD's code."""
+
+FOLLOW_EPILOG = """\
+exit codes: CMD's own (128+N if killed by signal N); 75 superseded by a newer follower of the same
+workspace; 78 refused (wrong secret, incompatible protocol); 126/127 CMD not executable/not found;
+2 invalid usage.
+
+examples:
+  topicbus follow --pty -- python3 -i        # a REPL; --end-blocks to close indented blocks
+  topicbus follow --pty -- bash
+  topicbus follow --name build -- make -k"""
+
+
+def _pty_size(value: str) -> tuple[int, int]:
+    columns, sep, rows = value.lower().partition("x")
+    if not sep or not columns.isdigit() or not rows.isdigit() or not (20 <= int(columns) <= 500) \
+            or not (5 <= int(rows) <= 200):
+        raise argparse.ArgumentTypeError("expected COLSxROWS, e.g. 80x24 (20-500 columns, 5-200 rows)")
+    return int(columns), int(rows)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="topicbus", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -38,17 +70,32 @@ def build_parser() -> argparse.ArgumentParser:
                                "the same database waits as standby and takes over when the first one dies.")
 
     follow = sub.add_parser(
-        "follow", help="run CMD as a follower: its topic's messages go to its stdin, its stdout to the topic",
-        description="Start CMD as a child process and attach it to the leader as one follower. Each owner message "
-                    "in its topic is written to CMD's stdin as one line (line breaks become spaces); CMD's stdout "
-                    "is posted to the topic in batches. Exits with CMD's exit code.")
+        "follow", help="run CMD as a follower: its topic's messages go to its stdin, its output to the topic",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=FOLLOW_DESCRIPTION, epilog=FOLLOW_EPILOG)
     follow.add_argument("--leader", metavar="URL", help=f"bus URL (default: {ENV_PREFIX}LEADER_URL)")
-    follow.add_argument("--secret", metavar="S", help=f"bus secret (default: {ENV_PREFIX}BUS_SECRET)")
+    follow.add_argument("--secret-file", metavar="PATH",
+                        help=f"read the bus secret from PATH (default: {ENV_PREFIX}BUS_SECRET)")
+    follow.add_argument("--secret", metavar="S", help="the bus secret itself; visible to every user in `ps`, "
+                                                      "prefer --secret-file or the environment")
     follow.add_argument("--cwd", metavar="DIR", help="workspace directory (default: the current directory); "
                                                      "also CMD's working directory")
     follow.add_argument("--name", metavar="NAME", help="display name; tells agents in one directory apart")
     follow.add_argument("--session", metavar="ID", help="session id; tells agents in one directory apart "
                                                         "(wins over --name for identity)")
+    follow.add_argument("--pty", action="store_true",
+                        help="run CMD on a pseudo-terminal, rendered as a screen would show it (REPLs, shells, "
+                             "programs that buffer or draw progress bars)")
+    follow.add_argument("--pty-size", metavar="COLSxROWS", default="80x24", type=_pty_size,
+                        help="terminal size under --pty (default: 80x24)")
+    follow.add_argument("--stderr", choices=("topic", "merge", "inherit"), default="topic",
+                        help="CMD's stderr: posted and marked with ⚠ (topic, the default), mixed into stdout "
+                             "unmarked (merge), or left on this terminal (inherit). Not with --pty")
+    follow.add_argument("--format", dest="text_format", choices=("pre", "plain", "markdown"), default="pre",
+                        help="how output is shown: monospace (pre, the default), plain text or Markdown")
+    follow.add_argument("--end-blocks", action="store_true",
+                        help="type an empty line after each multi-line message and one-line compound statement "
+                             "(ends a block in Python's REPL)")
     follow.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
 
     status = sub.add_parser("status", help="print the leader's view (followers, bindings, cleanups, rotation)")
@@ -113,6 +160,20 @@ def cmd_leader() -> int:
     return _run_with_signals(main)
 
 
+def read_secret_file(path: str) -> str:
+    """The bus secret stored in the file ``path`` (surrounding whitespace removed); exits 2 with a
+    readable message when it cannot be read or is empty. The secret itself is never printed."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            secret = fh.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        _config_exit([f"--secret-file: cannot read {path} ({getattr(exc, 'strerror', None) or type(exc).__name__})"])
+        raise  # unreachable
+    if not secret:
+        _config_exit([f"--secret-file: {path} is empty"])
+    return secret
+
+
 def cmd_follow(args: argparse.Namespace) -> int:
     settings = _settings_or_exit()
     argv = list(args.argv)
@@ -120,9 +181,18 @@ def cmd_follow(args: argparse.Namespace) -> int:
         argv = argv[1:]
     if not argv:
         _config_exit(["follow: a command is required: topicbus follow [OPTIONS] -- CMD [ARGS...]"])
-    secret = args.secret or (settings.bus_secret.get_secret_value() if settings.bus_secret else "")
+    if args.secret and args.secret_file:
+        _config_exit(["follow: --secret and --secret-file exclude each other"])
+    if args.secret:
+        print("topicbus: warning: --secret is visible to every user of this machine (ps, /proc); "
+              f"prefer --secret-file or {ENV_PREFIX}BUS_SECRET", file=sys.stderr)
+        secret = args.secret
+    elif args.secret_file:
+        secret = read_secret_file(args.secret_file)
+    else:
+        secret = settings.bus_secret.get_secret_value() if settings.bus_secret else ""
     if not secret:
-        _config_exit([f"{ENV_PREFIX}BUS_SECRET: required (or --secret)"])
+        _config_exit([f"{ENV_PREFIX}BUS_SECRET: required (or --secret-file)"])
     leader_url = args.leader or settings.leader_url
     if not leader_url.startswith(("ws://", "wss://")):
         _config_exit(["--leader: must start with ws:// or wss://"])
@@ -132,7 +202,9 @@ def cmd_follow(args: argparse.Namespace) -> int:
     configure_logging(level=settings.log_level, json=settings.log_json, secrets=[secret, *settings.secrets()])
     return asyncio.run(run_follow(leader_url=leader_url, secret=secret, command=argv, cwd=args.cwd,
                                   name=args.name, session=args.session,
-                                  heartbeat_interval_s=settings.heartbeat_interval_ms / 1000))
+                                  heartbeat_interval_s=settings.heartbeat_interval_ms / 1000,
+                                  stderr=args.stderr, pty=args.pty, pty_size=args.pty_size,
+                                  text_format=args.text_format, end_blocks=args.end_blocks))
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -37,6 +37,15 @@ class Settings(BaseSettings):
     poll_timeout_s: float = Field(default=10.0, ge=0, le=50)
     rate_limit_per_second: float = Field(default=30.0, gt=0)
     rate_limit_per_chat_per_minute: float = Field(default=20.0, gt=0)
+    rate_limit_per_chat_per_second: float = Field(default=1.0, gt=0)
+    budget_reserve: int = Field(default=4, ge=0)
+
+    # --- leader: how output looks ------------------------------------------------------------
+    output_file_threshold: int = Field(default=3 * 4096, ge=0)  # UTF-16 units; 0: never a file
+    live_message_s: float = Field(default=60.0, ge=0)  # 0: never grow a message by edits
+    stream_quiet_s: float = Field(default=3.0, gt=0)
+    outbox_max_items: int = Field(default=1000, gt=0)  # per follower
+    outbox_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # per follower
 
     # --- leader: storage and bus --------------------------------------------------------------
     db_path: Path = Path("./data/topicbus.sqlite3")

@@ -233,6 +233,7 @@ def leader_env(fake: FakeBotApi, db_path: Path, port: int, **extra: str) -> dict
         "TOPICBUS_LEASE_STALE_AFTER_MS": "8000",
         "TOPICBUS_RATE_LIMIT_PER_SECOND": "1000",
         "TOPICBUS_RATE_LIMIT_PER_CHAT_PER_MINUTE": "100000",
+        "TOPICBUS_RATE_LIMIT_PER_CHAT_PER_SECOND": "1000",
         "TOPICBUS_LOG_LEVEL": "INFO",
     })
     env.update(extra)

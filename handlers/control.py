@@ -33,10 +33,10 @@ def register(app: Application, *, desk: ControlDesk, status: StatusView, control
     inside the poll loop. Commands whose work calls Telegram (``/mode`` edits titles, ``/forget`` may
     delete a topic) run in the background and answer when they are done."""
     where = owner_messages(chat_id, owner_ids) & InThread(lambda: control.thread_id)
-    answer = notices.answer
+    answer = notices.answer  # (text, *, fmt=None)
 
     async def status_(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        await answer(render_board(await status.snapshot()))
+        await answer(render_board(await status.snapshot()), fmt="pre")
 
     async def cleanup(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         args = [a.lower() for a in context.args or []]

@@ -1,23 +1,31 @@
-"""Outbox: follower output accepted durably, posted to Telegram in order per topic."""
+"""Outbox: output accepted durably (agents' and the leader's own), posted to Telegram in order per topic.
+
+The scheduler never loads a payload it is not about to send: it reads per-topic summaries and
+*heads* (id, kind, priority, size, format), then the payloads of the rows one Telegram message
+will carry. The rows one message covers are marked sent together, after Telegram accepted it.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from topicbus.core.budget import Priority
+from topicbus.core.output import QueuedItem
 from topicbus.storage.db import Authority, Database, UnitOfWork
 
 
 @dataclass(frozen=True)
-class OutboxItem:
-    id: int
-    binding_key: str
+class TopicBacklog:
+    """What waits for one topic."""
+
     chat_id: int
     thread_id: int | None
-    kind: str
-    payload: dict[str, Any]
-    attempts: int
+    items: int
+    units: int  # UTF-16 units of pending text
+    head_id: int
 
 
 class OutboxRepository:
@@ -25,48 +33,85 @@ class OutboxRepository:
         self._db = db
 
     async def enqueue(self, *, binding_key: str, chat_id: int, thread_id: int | None, instance_id: str,
-                      request_id: str, kind: str, payload: dict[str, Any], now_ms: int,
-                      authority: Authority) -> tuple[int, bool]:
+                      request_id: str, kind: str, payload: dict[str, Any], now_ms: int, authority: Authority,
+                      priority: Priority = Priority.OUTPUT, units: int = 0, fmt: str | None = None,
+                      has_buttons: bool = False) -> tuple[int, bool]:
         """Store one item; idempotent per (instance_id, request_id). Returns (id, newly_added)."""
+        body = json.dumps(payload, separators=(",", ":"))
         async with self._db.unit_of_work(authority) as uow:
             row = await uow.fetch_one("SELECT id FROM outbox WHERE instance_id = ? AND request_id = ?",
-                                     (instance_id, request_id))
+                                      (instance_id, request_id))
             if row is not None:
                 return row["id"], False
             new_id = await uow.insert(
-                """INSERT INTO outbox (binding_key, chat_id, thread_id, instance_id, request_id, kind, payload,
-                       created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
-                (binding_key, chat_id, thread_id, instance_id, request_id, kind,
-                 json.dumps(payload, separators=(",", ":")), now_ms),
+                """INSERT INTO outbox (binding_key, chat_id, thread_id, instance_id, request_id, kind, priority, units,
+                       bytes, format, has_buttons, payload, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (binding_key, chat_id, thread_id, instance_id, request_id, kind, int(priority), units, len(body), fmt,
+                 int(has_buttons), body, now_ms),
             )
             return new_id, True
 
-    async def pending(self, limit: int = 1000) -> list[OutboxItem]:
+    # --- what the scheduler reads -------------------------------------------------------------------
+    async def topics(self) -> list[TopicBacklog]:
         rows = await self._db.fetch_all(
-            "SELECT * FROM outbox WHERE status = 'pending' ORDER BY id LIMIT ?", (limit,))
-        return [OutboxItem(r["id"], r["binding_key"], r["chat_id"], r["thread_id"], r["kind"],
-                           json.loads(r["payload"]), r["attempts"]) for r in rows]
+            """SELECT chat_id, thread_id, COUNT(*) AS items, SUM(units) AS units, MIN(id) AS head_id
+               FROM outbox WHERE status = 'pending' GROUP BY chat_id, thread_id""")
+        return [TopicBacklog(r["chat_id"], r["thread_id"], r["items"], r["units"] or 0, r["head_id"]) for r in rows]
 
-    async def mark_sent(self, item_id: int, now_ms: int, authority: Authority) -> None:
+    async def heads(self, chat_id: int, thread_id: int | None, limit: int = 256) -> list[QueuedItem]:
+        """The oldest pending rows of one topic, without their payloads."""
+        rows = await self._db.fetch_all(
+            """SELECT id, kind, priority, units, format, has_buttons, created_at_ms FROM outbox
+               WHERE status = 'pending' AND chat_id = ? AND thread_id IS ? ORDER BY id LIMIT ?""",
+            (chat_id, thread_id, limit))
+        return [QueuedItem(r["id"], r["kind"], r["units"], r["format"], Priority(r["priority"]),
+                           arrived_ms=r["created_at_ms"], has_buttons=bool(r["has_buttons"])) for r in rows]
+
+    async def payloads(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        if not ids:
+            return {}
+        marks = ", ".join("?" for _ in ids)
+        rows = await self._db.fetch_all(f"SELECT id, payload FROM outbox WHERE id IN ({marks})", list(ids))
+        return {r["id"]: json.loads(r["payload"]) for r in rows}
+
+    async def backlog_of(self, binding_key: str) -> tuple[int, int]:
+        """(pending items, pending payload bytes) of one binding."""
+        row = await self._db.fetch_one(
+            "SELECT COUNT(*) AS items, SUM(bytes) AS bytes FROM outbox WHERE status = 'pending' AND binding_key = ?",
+            (binding_key,))
+        return (row["items"], row["bytes"] or 0) if row is not None else (0, 0)
+
+    async def backlog_by_binding(self) -> dict[str, tuple[int, int]]:
+        """binding key → (pending items, pending payload bytes)."""
+        rows = await self._db.fetch_all(
+            """SELECT binding_key, COUNT(*) AS items, SUM(bytes) AS bytes FROM outbox WHERE status = 'pending'
+               GROUP BY binding_key""")
+        return {r["binding_key"]: (r["items"], r["bytes"] or 0) for r in rows}
+
+    # --- outcomes ---------------------------------------------------------------------------------
+    async def mark_sent(self, ids: Sequence[int], now_ms: int, message_id: int | None, authority: Authority) -> None:
+        """The rows one Telegram message (or edit, or file) carried: sent, together."""
+        marks = ", ".join("?" for _ in ids)
         async with self._db.unit_of_work(authority) as uow:
-            await uow.execute("UPDATE outbox SET status = 'sent', sent_at_ms = ?, attempts = attempts + 1 WHERE id = ?",
-                             (now_ms, item_id))
+            await uow.execute(
+                f"""UPDATE outbox SET status = 'sent', sent_at_ms = ?, message_id = ?, attempts = attempts + 1
+                    WHERE id IN ({marks}) AND status = 'pending'""", (now_ms, message_id, *ids))
 
     async def mark_failed(self, item_id: int, error: str, authority: Authority) -> None:
         async with self._db.unit_of_work(authority) as uow:
             await uow.execute("UPDATE outbox SET status = 'failed', last_error = ?, attempts = attempts + 1 WHERE id = ?",
-                             (error[:500], item_id))
+                              (error[:500], item_id))
 
     async def note_attempt(self, item_id: int, error: str, authority: Authority) -> None:
         async with self._db.unit_of_work(authority) as uow:
             await uow.execute("UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
-                             (error[:500], item_id))
+                              (error[:500], item_id))
 
     @staticmethod
     async def retarget_tx(uow: UnitOfWork, binding_key: str, thread_id: int) -> None:
         """A binding got a new topic: its undelivered output goes there."""
         await uow.execute("UPDATE outbox SET thread_id = ? WHERE binding_key = ? AND status = 'pending'",
-                             (thread_id, binding_key))
+                          (thread_id, binding_key))
 
     async def count_pending(self) -> int:
         return int(await self._db.fetch_value("SELECT COUNT(*) FROM outbox WHERE status = 'pending'") or 0)

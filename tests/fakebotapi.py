@@ -36,8 +36,10 @@ and ``parse_mode`` validation, per-user permissions beyond the bot's admin flag,
 from __future__ import annotations
 
 import asyncio
+import html.parser
 import inspect
 import json
+import math
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -57,7 +59,9 @@ FORUM_ICON_COLORS = (7322096, 16766590, 13338331, 9367192, 16749490, 16478047)
 DEFAULT_ICON_COLOR = FORUM_ICON_COLORS[0]
 MAX_TEXT_LENGTH = 4096
 MAX_CAPTION_LENGTH = 1024
-FLOOD_METHODS = frozenset({"sendMessage", "sendDocument", "createForumTopic", "editForumTopic"})
+# What spends a group's allowance (SPEC §9.1): sends, edits, and topic create/edit/close/reopen/delete.
+FLOOD_METHODS = frozenset({"sendMessage", "sendDocument", "sendPhoto", "editMessageText", "createForumTopic",
+                           "editForumTopic", "closeForumTopic", "reopenForumTopic", "deleteForumTopic"})
 CONFLICT = "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running"
 THREAD_NOT_FOUND = "Bad Request: message thread not found"
 NOT_MODIFIED = "Bad Request: TOPIC_NOT_MODIFIED"
@@ -92,9 +96,16 @@ class SentMessage:
     document_name: str | None
     document_bytes: bytes | None
     message_id: int | None
-    kind: Literal["text", "document", "chat_action"]
+    kind: Literal["text", "document", "photo", "chat_action"]
     at: float
     deleted: bool = False
+    entities: list[JSON] = field(default_factory=list)
+    parse_mode: str | None = None
+    silent: bool = False
+    reply_markup: JSON | None = None
+    edits: int = 0
+    edited_at: float | None = None
+    history: list[tuple[float, str]] = field(default_factory=list)  # (time, text) as first sent and after each edit
 
 
 @dataclass
@@ -180,7 +191,8 @@ class FakeBotApi:
         self._next_update_id = 1
         self._active_poll: _Poll | None = None
         self._faults: dict[str, list[_Fault]] = defaultdict(list)
-        self._flood: tuple[int, int] | None = None
+        self._flood: tuple[int, int | None, float, float | None] | None = None
+        self.keep_document_bytes = True  # False: record documents without their bytes (large floods)
         self._flood_log: dict[Any, deque[float]] = defaultdict(deque)
         self._changed = asyncio.Event()
         self._closed = asyncio.Event()
@@ -189,7 +201,8 @@ class FakeBotApi:
         self.register_method("getUpdates", self._get_updates)  # called as (params, request)
         for name in ("getMe", "deleteWebhook", "getWebhookInfo", "createForumTopic",
                      "editForumTopic", "closeForumTopic", "reopenForumTopic", "deleteForumTopic",
-                     "sendMessage", "sendChatAction", "sendDocument", "deleteMessage", "getFile", "getChat", "getChatMember", "setMyCommands",
+                     "sendMessage", "sendChatAction", "sendDocument", "sendPhoto", "editMessageText",
+                     "editMessageReplyMarkup", "deleteMessage", "getFile", "getChat", "getChatMember", "setMyCommands",
                      "getMyCommands", "deleteMyCommands", "getForumTopicIconStickers"):
             self.register_method(name, getattr(self, "_m_" + name))
         self.add_forum(forum_chat_id)
@@ -362,9 +375,13 @@ class FakeBotApi:
         """Answer 200 ``{"ok": true, "result": false}`` (the call has no effect)."""
         self._add_fault(method, _Fault("result_false", times))
 
-    def set_flood_limit(self, per_chat_per_minute: int | None, retry_after: int = 3) -> None:
-        """Budget per chat over a sliding 60 s window of sends, edits and topic creations."""
-        self._flood = None if per_chat_per_minute is None else (per_chat_per_minute, retry_after)
+    def set_flood_limit(self, per_chat_per_minute: int | None, retry_after: int | None = None, *,
+                        window_s: float = 60.0, per_second: float | None = None) -> None:
+        """Telegram's allowance per chat: ``per_chat_per_minute`` calls (sends, edits, topic operations)
+        in a sliding ``window_s`` (compress time by shortening it), and at most ``per_second`` a
+        second. Beyond it: 429 with ``retry_after`` (default: until the window allows one more)."""
+        self._flood = None if per_chat_per_minute is None else (per_chat_per_minute, retry_after, window_s,
+                                                                  per_second)
         self._flood_log.clear()
 
     def _add_fault(self, method: str, fault: _Fault) -> None:
@@ -402,6 +419,22 @@ class FakeBotApi:
         """Messages and documents the bot sent into that topic (``None`` = General/no topic)."""
         return [m for m in self.sent if m.chat_id == chat_id and m.thread_id == thread_id
                 and m.kind != "chat_action"]
+
+    def visible_lines(self, chat_id: int, thread_id: int | None, *, files: bool = True,
+                      pings: bool = False) -> list[str]:
+        """The topic as a phone shows it, line by line: texts as last edited, the lines of text files
+        (``files``), and — unless ``pings`` — without the one-line "✓ …" that ends a silent stream."""
+        lines: list[str] = []
+        for message in self.messages_in(chat_id, thread_id):
+            if message.deleted:
+                continue
+            if message.kind == "text" and message.text is not None:
+                if not pings and message.text.startswith("✓"):
+                    continue
+                lines += message.text.split("\n")
+            elif message.kind == "document" and files and message.document_bytes is not None:
+                lines += message.document_bytes.decode("utf-8", "replace").split("\n")
+        return lines
 
     def pending_updates(self) -> list[JSON]:
         """Updates not yet confirmed by a ``getUpdates`` offset."""
@@ -516,12 +549,18 @@ class FakeBotApi:
             return
         window = self._flood_log[params.get("chat_id")]
         now = time.monotonic()
-        while window and window[0] <= now - 60.0:
+        limit, retry_after, window_s, per_second = self._flood
+        while window and window[0] <= now - window_s:
             window.popleft()
-        limit, retry_after = self._flood
+        wait = 0.0
         if len(window) >= limit:
+            wait = window[len(window) - limit] + window_s - now
+        if per_second and window and now - window[-1] < 1.0 / per_second:
+            wait = max(wait, window[-1] + 1.0 / per_second - now)
+        if wait > 0:
             self.flood_rejections += 1
-            raise ApiError(429, f"Too Many Requests: retry after {retry_after}", retry_after)
+            seconds = retry_after if retry_after is not None else max(1, math.ceil(wait))
+            raise ApiError(429, f"Too Many Requests: retry after {seconds}", seconds)
 
     def _record_flood(self, method: str, params: JSON) -> None:
         if self._flood is not None and method in FLOOD_METHODS:
@@ -599,7 +638,10 @@ class FakeBotApi:
     def _record(self, chat_id: int, thread_id: int | None, kind: Any, **fields: Any) -> None:
         entry = {"text": None, "caption": None, "document_name": None, "document_bytes": None,
                  "message_id": None, **fields}
-        self.sent.append(SentMessage(chat_id, thread_id, kind=kind, at=time.monotonic(), **entry))
+        now = time.monotonic()
+        message = SentMessage(chat_id, thread_id, kind=kind, at=now, **entry)
+        message.history.append((now, message.text or message.caption or ""))
+        self.sent.append(message)
 
     # ------------------------------------------------------------------ Bot API methods
 
@@ -711,14 +753,57 @@ class FakeBotApi:
 
     def _m_sendMessage(self, p: JSON) -> JSON:
         chat, thread_id = self._send_target(p)
+        text = self._checked_text(p)
+        msg = self._build_message(chat.id, thread_id, self._bot_from(), {"text": text})
+        self._record(chat.id, thread_id, "text", text=text, message_id=msg["message_id"], **self._looks(p))
+        return msg
+
+    def _checked_text(self, p: JSON) -> str:
         text = p.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ApiError(400, "Bad Request: message text is empty")
-        if len(text) > MAX_TEXT_LENGTH:
+        if len(text.encode("utf-16-le")) // 2 > MAX_TEXT_LENGTH:
             raise ApiError(400, "Bad Request: message is too long")
-        msg = self._build_message(chat.id, thread_id, self._bot_from(), {"text": text})
-        self._record(chat.id, thread_id, "text", text=text, message_id=msg["message_id"])
-        return msg
+        if p.get("parse_mode") == "HTML" and not _balanced_html(text):
+            raise ApiError(400, "Bad Request: can't parse entities: unexpected end tag")
+        return text
+
+    @staticmethod
+    def _looks(p: JSON) -> dict[str, Any]:
+        markup = p.get("reply_markup")
+        return {"entities": list(p.get("entities") or []), "parse_mode": p.get("parse_mode"),
+                "silent": bool(p.get("disable_notification")), "reply_markup": markup or None}
+
+    def _m_editMessageText(self, p: JSON) -> JSON:
+        chat = self._chat(p)
+        message = next((m for m in self.sent if m.chat_id == chat.id and m.message_id == p.get("message_id")
+                        and not m.deleted and m.kind == "text"), None)
+        if message is None:
+            raise ApiError(400, "Bad Request: message to edit not found")
+        text = self._checked_text(p)
+        looks = self._looks(p)
+        if text == message.text and looks["entities"] == message.entities and looks["reply_markup"] == message.reply_markup:
+            raise ApiError(400, "Bad Request: message is not modified: specified new message content and reply "
+                                "markup are exactly the same as a current content and reply markup of the message")
+        message.text, message.entities, message.parse_mode = text, looks["entities"], looks["parse_mode"]
+        message.reply_markup = looks["reply_markup"]
+        message.edits += 1
+        message.edited_at = time.monotonic()
+        message.history.append((message.edited_at, text))
+        return self._build_message(chat.id, message.thread_id, self._bot_from(), {"text": text}, message.message_id)
+
+    def _m_editMessageReplyMarkup(self, p: JSON) -> JSON:
+        chat = self._chat(p)
+        message = next((m for m in self.sent if m.chat_id == chat.id and m.message_id == p.get("message_id")
+                        and not m.deleted), None)
+        if message is None:
+            raise ApiError(400, "Bad Request: message to edit not found")
+        markup = p.get("reply_markup") or None
+        if markup == message.reply_markup:
+            raise ApiError(400, "Bad Request: message is not modified")
+        message.reply_markup = markup
+        return self._build_message(chat.id, message.thread_id, self._bot_from(), {"text": message.text or ""},
+                                   message.message_id)
 
     def _m_sendChatAction(self, p: JSON) -> bool:
         chat, thread_id = self._send_target(p)
@@ -742,14 +827,37 @@ class FakeBotApi:
             raise ApiError(400, "Bad Request: wrong file identifier/HTTP URL specified")
         message_id = self._alloc_id(chat.id)
         file_id = f"doc-{chat.id}-{message_id}"
-        self._files[file_id] = (file_name, data)
+        self._files[file_id] = (file_name, data if self.keep_document_bytes else b"")
         content: JSON = {"document": {"file_id": file_id, "file_unique_id": f"u{file_id}",
                                       "file_name": file_name, "file_size": len(data)}}
         if caption is not None:
             content["caption"] = caption
         msg = self._build_message(chat.id, thread_id, self._bot_from(), content, message_id)
         self._record(chat.id, thread_id, "document", caption=caption, document_name=file_name,
-                     document_bytes=data, message_id=message_id)
+                     document_bytes=data if self.keep_document_bytes else None, message_id=message_id, silent=bool(p.get("disable_notification")),
+                     entities=list(p.get("caption_entities") or []))
+        return msg
+
+    def _m_sendPhoto(self, p: JSON) -> JSON:
+        chat, thread_id = self._send_target(p)
+        caption, photo = p.get("caption"), p.get("photo")
+        if caption is not None and len(caption) > MAX_CAPTION_LENGTH:
+            raise ApiError(400, "Bad Request: message caption is too long")
+        if not isinstance(photo, web.FileField):
+            raise ApiError(400, "Bad Request: wrong file identifier/HTTP URL specified")
+        data = photo.file.read()
+        if not data.startswith((b"\x89PNG", b"\xff\xd8", b"RIFF")):
+            raise ApiError(400, "Bad Request: IMAGE_PROCESS_FAILED")
+        message_id = self._alloc_id(chat.id)
+        file_id = f"photo-{chat.id}-{message_id}"
+        self._files[file_id] = (photo.filename or "photo", data)
+        content: JSON = {"photo": [{"file_id": file_id, "file_unique_id": f"u{file_id}", "width": 1, "height": 1,
+                                    "file_size": len(data)}]}
+        if caption is not None:
+            content["caption"] = caption
+        msg = self._build_message(chat.id, thread_id, self._bot_from(), content, message_id)
+        self._record(chat.id, thread_id, "photo", caption=caption, document_name=photo.filename,
+                     document_bytes=data, message_id=message_id, silent=bool(p.get("disable_notification")))
         return msg
 
     def _m_deleteMessage(self, p: JSON) -> bool:
@@ -824,3 +932,25 @@ def _coerce(name: str, value: Any) -> Any:
         except ValueError:
             return value
     return value
+
+
+class _TagBalance(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.ok = True
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack.pop() != tag:
+            self.ok = False
+
+
+def _balanced_html(text: str) -> bool:
+    """Telegram's HTML parse mode refuses unbalanced tags ("can't parse entities")."""
+    parser = _TagBalance()
+    parser.feed(text)
+    parser.close()
+    return parser.ok and not parser.stack

@@ -8,7 +8,9 @@ and models. Bearer check (401 before the upgrade, optional 503), ``follower.regi
 ``heartbeat`` / ``send`` / ``disconnect`` acks with exact-generation fencing, idempotent sends per
 ``(instanceId, requestId)``, configurable advertised capabilities, and test controls to push
 ``leader.deliver`` (or any raw text frame), drop the socket, answer ``stale-generation``, refuse
-registrations or sends with a given code, lose a send's ack, and send ``leader.superseded``.
+registrations or sends with a given code, lose a send's ack, and send ``leader.superseded``;
+``control(action)`` and ``button(data)`` push ``control`` / ``button`` deliveries, refused (the test
+fails) unless the follower advertised control-v1 / button-v1.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from aiohttp import WSMsgType, web
 
 from topicbus.protocol import (
     BUS_PATH,
-    LEADER_CAPABILITIES,
+    ButtonItem,
+    Capabilities,
+    ControlItem,
+    LEADER_V1_CAPABILITIES,
     MAX_FRAME_BYTES,
     FollowerRequest,
     HeartbeatResult,
@@ -56,7 +61,7 @@ class FakeConnection:
 
 class FakeLeader:
     def __init__(self, secret: str = "bus-secret-for-tests", *, chat_id: int = -1001, thread_id: int = 77,
-                 capabilities: Iterable[str] = LEADER_CAPABILITIES):
+                 capabilities: Iterable[str] = LEADER_V1_CAPABILITIES):
         self.secret = secret
         self.capabilities = frozenset(capabilities)  # advertised in registration acks; may be changed
         self.chat_id = chat_id
@@ -160,6 +165,29 @@ class FakeLeader:
         delivery_id = delivery_id or f"d-{next(self._deliveries)}"
         item = message_item(text=text, messageId=17, fromUserId=1, fromName="Ada", date=1764474000,
                             caption=caption, document=document)
+        generation = self.live.get(conn.instance_id, "")
+        await conn.ws.send_str(encode(deliver_frame(delivery_id, conn.instance_id, generation, item)))
+        return delivery_id
+
+    async def control(self, action: str, *, delivery_id: str | None = None) -> str:
+        """Push a ``control`` delivery (``interrupt``, ``kill``, ``eof``) to the current follower."""
+        item = ControlItem.model_validate({"type": "control", "action": action, "messageId": 18})
+        return await self._push_item(item.model_dump(by_alias=True), delivery_id)
+
+    async def button(self, data: str, *, message_id: int = 19, delivery_id: str | None = None) -> str:
+        """Push a ``button`` delivery: an owner pressed the button carrying ``data``."""
+        item = ButtonItem.model_validate({"type": "button", "data": data, "messageId": message_id, "fromUserId": 1})
+        return await self._push_item(item.model_dump(by_alias=True), delivery_id)
+
+    def follower_capabilities(self) -> Capabilities:
+        """What the last registration advertised."""
+        return Capabilities.of(self.registrations[-1].get("protocol", {}).get("capabilities", ()))
+
+    async def _push_item(self, item: dict[str, Any], delivery_id: str | None) -> str:
+        conn = self.current
+        assert conn is not None and conn.instance_id is not None, "no registered follower connected"
+        assert self.follower_capabilities().may_receive(item["type"]), f"the follower did not advertise {item['type']}"
+        delivery_id = delivery_id or f"d-{next(self._deliveries)}"
         generation = self.live.get(conn.instance_id, "")
         await conn.ws.send_str(encode(deliver_frame(delivery_id, conn.instance_id, generation, item)))
         return delivery_id

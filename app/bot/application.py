@@ -2,12 +2,14 @@
 
 PTB's ``Updater`` is not used (``updater(None)``): it confirms updates before the handlers have run,
 so :class:`~topicbus.bot.poller.UpdatePoller` polls instead. The JobQueue (APScheduler) drives every
-timer of the term.
+timer of the term. There is no ``AIORateLimiter``: the outbound scheduler (leader/outbound.py) is
+the one spender of the chat's budget; a second limiter would count the same calls twice and hold a
+call inside PTB instead of letting the scheduler serve another topic (docs/operations.md).
 """
 
 from __future__ import annotations
 
-from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
+from telegram.ext import Application, ApplicationBuilder
 
 from topicbus.settings import Settings
 
@@ -21,8 +23,6 @@ def build_application(settings: Settings) -> Application:
     base = settings.api_base_url
     app = (ApplicationBuilder().token(settings.bot_token.get_secret_value()).base_url(base)
            .base_file_url(base.replace("/bot", "/file/bot", 1)).updater(None)
-           .rate_limiter(AIORateLimiter(overall_max_rate=settings.rate_limit_per_second,
-                                        group_max_rate=settings.rate_limit_per_chat_per_minute, max_retries=0))
            .connect_timeout(10).read_timeout(15).write_timeout(30).pool_timeout(5)
            .build())
     if app.job_queue is None:

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
-from telegram import Bot
+from telegram import Bot, InlineKeyboardMarkup, InputFile, MessageEntity
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
+
+from topicbus.core.formatting import Rendered
 
 
 TOPIC_GONE_MARKERS = ("message thread not found", "thread not found", "topic_id_invalid", "topic not found",
@@ -99,17 +101,43 @@ class TelegramGateway:
     async def reopen_topic(self, chat_id: int, thread_id: int) -> CallResult:
         return await self._call(self.bot.reopen_forum_topic(chat_id=chat_id, message_thread_id=thread_id))
 
-    async def send_text(self, chat_id: int, thread_id: int | None, text: str) -> CallResult:
-        return await self._call(self.bot.send_message(chat_id=chat_id, message_thread_id=thread_id, text=text))
+    async def send_message(self, chat_id: int, thread_id: int | None, message: Rendered, *, silent: bool = False,
+                           buttons: InlineKeyboardMarkup | None = None) -> CallResult:
+        """A text message; the value is its message id."""
+        result = await self._call(self.bot.send_message(
+            chat_id=chat_id, message_thread_id=thread_id, text=message.text, entities=_entities(message),
+            parse_mode=message.parse_mode, disable_notification=silent, reply_markup=buttons))
+        return _message_id(result)
+
+    async def edit_message(self, chat_id: int, message_id: int, message: Rendered, *,
+                           buttons: InlineKeyboardMarkup | None = None) -> CallResult:
+        """Replace a message's text ("message is not modified" counts as success)."""
+        return await self._call(self.bot.edit_message_text(
+            chat_id=chat_id, message_id=message_id, text=message.text, entities=_entities(message),
+            parse_mode=message.parse_mode, reply_markup=buttons))
+
+    async def edit_buttons(self, chat_id: int, message_id: int, buttons: InlineKeyboardMarkup | None) -> CallResult:
+        return await self._call(self.bot.edit_message_reply_markup(chat_id=chat_id, message_id=message_id,
+                                                                   reply_markup=buttons))
 
     async def send_chat_action(self, chat_id: int, thread_id: int | None, action: str) -> CallResult:
         return await self._call(self.bot.send_chat_action(chat_id=chat_id, message_thread_id=thread_id, action=action))
 
     async def send_document(self, chat_id: int, thread_id: int | None, file_name: str, data: bytes,
-                            caption: str | None) -> CallResult:
-        return await self._call(self.bot.send_document(
+                            caption: Rendered | None, *, silent: bool = False) -> CallResult:
+        """A file; the value is its message id."""
+        return _message_id(await self._call(self.bot.send_document(
             chat_id=chat_id, message_thread_id=thread_id, document=io.BytesIO(data), filename=file_name,
-            caption=caption))
+            caption=caption.text if caption else None, caption_entities=_entities(caption),
+            parse_mode=caption.parse_mode if caption else None, disable_notification=silent)))
+
+    async def send_photo(self, chat_id: int, thread_id: int | None, file_name: str, data: bytes,
+                         caption: Rendered | None, *, silent: bool = False) -> CallResult:
+        """An image shown as a photo; the value is its message id."""
+        return _message_id(await self._call(self.bot.send_photo(
+            chat_id=chat_id, message_thread_id=thread_id, photo=InputFile(io.BytesIO(data), filename=file_name),
+            caption=caption.text if caption else None, caption_entities=_entities(caption),
+            parse_mode=caption.parse_mode if caption else None, disable_notification=silent)))
 
     async def download(self, file_id: str) -> CallResult:
         """getFile + download; Bot API bots can fetch files up to 20 MB."""
@@ -118,3 +146,16 @@ class TelegramGateway:
             return bytes(await file.download_as_bytearray())
 
         return await self._call(fetch())
+
+
+def _entities(message: Rendered | None) -> list[MessageEntity] | None:
+    if message is None or not message.entities:
+        return None
+    return [MessageEntity(type=e.type, offset=e.offset, length=e.length, language=e.language, url=e.url)
+            for e in message.entities]
+
+
+def _message_id(result: CallResult) -> CallResult:
+    if result.outcome is Outcome.OK and result.value is not None and hasattr(result.value, "message_id"):
+        return CallResult(Outcome.OK, value=result.value.message_id)
+    return result

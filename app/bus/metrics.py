@@ -49,6 +49,16 @@ METRICS: tuple[MetricSpec, ...] = (
                "Route latency quantiles (ms, getUpdates answer to delivery frame) over the last 256 routed "
                "messages; 0 before the first.", label="quantile"),
     MetricSpec("topicbus_display_passes_total", "counter", "Topic title reconcile passes, this term."),
+    MetricSpec("topicbus_budget_used", "gauge", "Calls that spent the chat's allowance in the last minute."),
+    MetricSpec("topicbus_budget_per_minute", "gauge", "The chat's allowance a minute (0: a private chat, no window)."),
+    MetricSpec("topicbus_budget_paused_seconds", "gauge", "Seconds left of a RetryAfter pause of the chat."),
+    MetricSpec("topicbus_outbox_backlog_items", "gauge", "Output items waiting for Telegram, all topics."),
+    MetricSpec("topicbus_outbox_backlog_chars", "gauge", "UTF-16 units of text waiting for Telegram, all topics."),
+    MetricSpec("topicbus_outbound_edits_total", "counter", "Live messages grown by an edit, this term."),
+    MetricSpec("topicbus_outbound_files_total", "counter", "Long output sent as a text file, this term."),
+    MetricSpec("topicbus_output_chars_total", "counter", "UTF-16 units of agent output sent, this term."),
+    MetricSpec("topicbus_messages_per_kb", "gauge",
+               "Telegram messages, edits and files per 1,000 characters of agent output, this term."),
     MetricSpec("topicbus_display_edits_total", "counter", "Topic titles changed, this term."),
 )
 _KNOWN = frozenset(spec.name for spec in METRICS)

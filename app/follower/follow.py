@@ -1,55 +1,67 @@
 """``topicbus follow -- CMD ARGS…``: run a command as a child and attach it to the leader as one follower.
 
-* Every owner message routed to this follower becomes **one line** on the child's stdin (line breaks
-  inside the message become spaces).
-* The child's stdout is posted to the follower's topic in batches (see :class:`OutputBatcher`),
-  split at Telegram's 4096-character limit; stderr is inherited (it stays on the terminal/log).
-* The follower identity's ``pid`` is the **child's** pid (with the child's birth id): the child is
-  the agent, and its death is what the leader must be able to prove.
-* When the child exits, its remaining output is read to EOF and flushed, the follower disconnects
-  gracefully and :func:`run_follow` returns the child's exit code (``128 + N`` when the child was
-  killed by signal ``N``). SIGTERM/SIGINT sent to the wrapper are forwarded to the child and then
-  handled the same way; a signal arriving after the child has exited abandons output that is still
-  waiting for an unreachable leader.
-* Superseded by a newer registration of the same workspace → the child is terminated (SIGTERM, then
-  SIGKILL after 5 s) and the exit code is :data:`EXIT_SUPERSEDED` (75); refused (wrong secret,
-  incompatible protocol) → the same, with :data:`EXIT_REFUSED` (78).
-* An unreachable leader does not stop the child: the client keeps reconnecting and output waits in
-  memory, bounded by :data:`MAX_PENDING_BYTES` (see :class:`OutputBatcher` for what is dropped).
+The parts, by role: :mod:`~topicbus.follower.child` (the child on pipes or a pty, its stdin, its
+signals), :mod:`~topicbus.follower.inputs` (what a message types), :mod:`~topicbus.follower.output`
+and :mod:`~topicbus.follower.terminal` (pipe-mode cleaning, pty rendering through pyte, batches,
+yes/no prompts), :mod:`~topicbus.follower.capture` (reading and posting); this module runs them.
+
+* Every owner message becomes its lines on the child's stdin, followed by a newline. It is
+  acknowledged only once all its bytes are in the child's stdin; what cannot be written (stdin
+  closed, the child gone, or not read for ``stdin_timeout_s``) stays unacknowledged, so the leader
+  keeps it for the next follower of the workspace.
+* ``control`` deliveries: ``interrupt`` (SIGINT to the child's process group; Ctrl-C on its pty),
+  ``kill`` (SIGTERM, then SIGKILL after 5 s), ``eof`` (stdin closed; the EOF character on a pty).
+  ``button`` deliveries type their data as a line (the Yes/No buttons of a prompt).
+* Host signals: the first SIGINT goes to the child; a second within 2 s ends follow the way SIGTERM
+  does: the child gets SIGTERM, then SIGKILL after 5 s, and follow hands its output over and exits.
+  SIGHUP does the same. The child runs in its own session, so a terminal's signals reach it only
+  through follow; if follow itself is killed, the child gets SIGTERM (``PR_SET_PDEATHSIG``).
+* The follower identity's ``pid`` is the **child's** pid (with the child's birth id).
+* When the child exits, follow stops taking deliveries at once, reads what is left of the output
+  (bounded: a grandchild may hold it open), hands it all to the leader, posts ``⏹ exited with code
+  N`` (or ``killed by SIGNAME``) with the run time, disconnects gracefully and returns the child's
+  exit code (``128 + N`` for a death by signal ``N``). Only while the leader is unreachable is that
+  hand-off bounded (``handoff_timeout_s``); a signal during it abandons what is left.
+* Superseded → the child is terminated and the exit code is :data:`EXIT_SUPERSEDED` (75); refused
+  (wrong secret, incompatible protocol) → the same, with :data:`EXIT_REFUSED` (78).
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
-import contextlib
 import os
-import re
 import signal
-from collections import deque
 from collections.abc import Sequence
 
 from loguru import logger
 
-from topicbus.follower.client import (
+from topicbus.follower.capture import OutputCapture
+from topicbus.follower.child import StdinClosed, StdinStalled, StdinWriter, spawn
+from topicbus.follower.client import FollowerClient
+from topicbus.follower.inputs import INBOX_DIR, delivery_input, delivery_text, save_document
+from topicbus.follower.model import (
+    ButtonPress,
+    Control,
     Delivery,
-    FollowerClient,
-    FollowerClosed,
+    DeliveryDeclined,
     FollowerError,
-    FollowerRefused,
     FollowerSendError,
     FollowerSuperseded,
     split_text,
 )
+from topicbus.follower.output import MAX_PENDING_BYTES, OutputBatcher, dropped_marker, yes_no_buttons
+from topicbus.follower.terminal import ScreenRenderer
+from topicbus.protocol import CAP_BUTTONS, CAP_FORMAT
 
 __all__ = [
     "EXIT_REFUSED",
     "EXIT_SUPERSEDED",
     "MAX_PENDING_BYTES",
     "OutputBatcher",
-    "delivery_line",
+    "delivery_text",
     "dropped_marker",
     "exit_code_of",
+    "exit_notice",
     "run_follow",
     "split_text",
 ]
@@ -58,62 +70,9 @@ EXIT_SUPERSEDED = 75  # EX_TEMPFAIL: another follower took this workspace over
 EXIT_REFUSED = 78  # EX_CONFIG: wrong secret or incompatible protocol
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
-MAX_PENDING_BYTES = 4 * 1024 * 1024
-TERMINATE_GRACE_S = 5.0
-READ_CHUNK_BYTES = 64 * 1024
-
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-# --------------------------------------------------------------------------------------------
-# Pure helpers
-# --------------------------------------------------------------------------------------------
-
-
-def delivery_line(delivery: Delivery, saved_path: str | None = None) -> str | None:
-    """The stdin line (without its ``"\\n"``) for one delivery, or None when it carries nothing.
-
-    The text, else the caption, else ``[document <fileName>]``; every ``\\r\\n``, ``\\n`` or ``\\r``
-    becomes one space, so a multi-line message arrives as one line. A document saved to disk is
-    announced first as ``[document <path>]``, followed by the caption when there is one.
-    """
-    if saved_path is not None:
-        caption = f" {delivery.caption}" if delivery.caption else ""
-        return _LINE_BREAK.sub(" ", f"[document {saved_path}]{caption}")
-    if delivery.text is not None:
-        body = delivery.text
-    elif delivery.caption is not None:
-        body = delivery.caption
-    elif delivery.document is not None:
-        file_name = delivery.document.get("fileName")
-        body = f"[document {file_name if isinstance(file_name, str) and file_name else 'unnamed'}]"
-    else:
-        return None
-    return _LINE_BREAK.sub(" ", body)
-
-
-INBOX_DIR = os.path.join(".topicbus", "inbox")
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
-
-
-async def save_document(client: FollowerClient, delivery: Delivery, inbox: str) -> str | None:
-    """Download an owner's document into ``inbox`` (``<cwd>/.topicbus/inbox``); None on failure
-    (the line then names the document only, so the agent still learns that it was sent)."""
-    doc = delivery.document or {}
-    file_id = doc.get("fileId")
-    if not isinstance(file_id, str) or not file_id:
-        return None
-    name = _UNSAFE_NAME.sub("_", str(doc.get("fileName") or "document")).strip(". ") or "document"
-    path = os.path.join(inbox, f"{delivery.message_id or delivery.delivery_id}-{name[:100]}")
-    try:
-        data = await client.download_document(file_id)
-        os.makedirs(inbox, exist_ok=True)
-        with open(path, "wb") as fh:
-            fh.write(data)
-    except Exception as exc:  # noqa: BLE001 - the message still reaches the agent
-        logger.warning("follow: document {} not saved ({})", file_id, type(exc).__name__)
-        return None
-    return path
+DOUBLE_INTERRUPT_S = 2.0  # a second host Ctrl-C within this ends follow
+STDERR_MODES = ("topic", "merge", "inherit")
+FORMATS = ("pre", "plain", "markdown")
 
 
 def exit_code_of(returncode: int) -> int:
@@ -121,164 +80,28 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def dropped_marker(dropped_bytes: int) -> str:
-    return f"[… {dropped_bytes} bytes of output dropped while the leader was unreachable]"
+def format_duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    total = int(round(seconds))
+    if total < 60:
+        return f"{total} s"
+    if total < 3600:
+        return f"{total // 60} min {total % 60} s"
+    return f"{total // 3600} h {total % 3600 // 60} min"
 
 
-def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-class OutputBatcher:
-    """Child output waiting to be posted, cut into batches. Pure: the caller passes the time.
-
-    * :meth:`ready` — a batch is due when at least ``max_batch_chars`` characters are pending, or
-      ``flush_interval_s`` after the first byte that has not been taken yet.
-    * :meth:`take` — the next batch: at most ``max_batch_chars`` characters, cut after the last
-      ``"\\n"`` within that window when there is one (the newline stays in the batch), else hard.
-    * Bounded memory: when more than ``max_pending_bytes`` (UTF-8) are pending — the leader is
-      unreachable or slower than the child — the **oldest** pending output is dropped (cut at a
-      character boundary) so that exactly ``max_pending_bytes`` of the newest output is kept, and
-      the next :meth:`take` returns one marker, :func:`dropped_marker`, with the number of bytes
-      dropped (drops until that marker is taken add up into the same single marker), before the
-      kept output.
-    """
-
-    def __init__(self, *, max_batch_chars: int = 3500, flush_interval_s: float = 0.25,
-                 max_pending_bytes: int = MAX_PENDING_BYTES):
-        if max_batch_chars < 1:
-            raise ValueError("max_batch_chars must be at least 1")
-        if max_pending_bytes < 1:
-            raise ValueError("max_pending_bytes must be at least 1")
-        self.max_batch_chars = max_batch_chars
-        self.flush_interval_s = flush_interval_s
-        self.max_pending_bytes = max_pending_bytes
-        self._segments: deque[str] = deque()
-        self._chars = 0
-        self._bytes = 0
-        self._first_at: float | None = None
-        self._dropped = 0
-
-    @property
-    def pending_chars(self) -> int:
-        return self._chars
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._bytes
-
-    @property
-    def dropped_bytes(self) -> int:
-        """Bytes dropped since the last marker was taken."""
-        return self._dropped
-
-    @property
-    def has_pending(self) -> bool:
-        return self._chars > 0 or self._dropped > 0
-
-    def feed(self, text: str, now: float) -> None:
-        if not text:
-            return
-        self._segments.append(text)
-        self._chars += len(text)
-        self._bytes += _utf8_len(text)
-        if self._first_at is None:
-            self._first_at = now
-        self._enforce_bound()
-
-    def ready(self, now: float) -> bool:
-        if self._dropped:
-            return True
-        if not self._chars:
-            return False
-        assert self._first_at is not None
-        return self._chars >= self.max_batch_chars or now - self._first_at >= self.flush_interval_s
-
-    def deadline(self) -> float | None:
-        """When the pending output becomes due by time (None when nothing is pending)."""
-        return None if self._first_at is None else self._first_at + self.flush_interval_s
-
-    def take(self) -> str | None:
-        """The next batch (see the class docstring), or None when nothing is pending."""
-        if self._dropped:
-            marker = dropped_marker(self._dropped)
-            self._dropped = 0
-            return marker
-        if not self._chars:
-            return None
-        limit = self.max_batch_chars
-        parts: list[str] = []
-        length = 0
-        while self._segments and length < limit + 1:
-            segment = self._segments.popleft()
-            parts.append(segment)
-            length += len(segment)
-        text = "".join(parts)
-        if len(text) <= limit:
-            batch, rest = text, ""
-        else:
-            newline = text.rfind("\n", 0, limit)
-            cut = newline + 1 if newline >= 0 else limit
-            batch, rest = text[:cut], text[cut:]
-        if rest:
-            self._segments.appendleft(rest)
-        self._chars -= len(batch)
-        self._bytes -= _utf8_len(batch)
-        if not self._chars:
-            self._first_at = None
-            self._bytes = 0
-        return batch
-
-    def _enforce_bound(self) -> None:
-        while self._bytes > self.max_pending_bytes and self._segments:
-            excess = self._bytes - self.max_pending_bytes
-            oldest = self._segments[0]
-            size = _utf8_len(oldest)
-            if size <= excess:
-                self._segments.popleft()
-                self._chars -= len(oldest)
-                self._bytes -= size
-                self._dropped += size
-                continue
-            raw = oldest.encode("utf-8", "surrogatepass")
-            cut = excess
-            while cut < len(raw) and (raw[cut] & 0xC0) == 0x80:  # never split a character
-                cut += 1
-            kept = raw[cut:].decode("utf-8", "surrogatepass")
-            self._chars -= len(oldest) - len(kept)
-            self._bytes -= cut
-            self._dropped += cut
-            if kept:
-                self._segments[0] = kept
-            else:
-                self._segments.popleft()
-        if not self._chars:
-            self._first_at = None
-
-
-# --------------------------------------------------------------------------------------------
-# The wrapper
-# --------------------------------------------------------------------------------------------
-
-
-async def _terminate(child: asyncio.subprocess.Process, grace_s: float = TERMINATE_GRACE_S) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``; waits until the child is reaped."""
-    if child.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        child.terminate()
-    try:
-        async with asyncio.timeout(grace_s):
-            await child.wait()
-    except TimeoutError:
-        logger.warning("follow: the child ignored SIGTERM; killing it")
-        with contextlib.suppress(ProcessLookupError):
-            child.kill()
-        await child.wait()
-
-
-def _fatal_exit_code(error: BaseException) -> int:
-    return EXIT_SUPERSEDED if isinstance(error, FollowerSuperseded) else EXIT_REFUSED
+def exit_notice(returncode: int, ran_s: float) -> str:
+    """``⏹ exited with code N`` or ``⏹ killed by SIGNAME``, and how long the child ran."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        what = f"killed by {name}"
+    else:
+        what = f"exited with code {returncode}"
+    return f"⏹ {what} after {format_duration(ran_s)}"
 
 
 async def run_follow(
@@ -291,148 +114,247 @@ async def run_follow(
     session: str | None = None,
     heartbeat_interval_s: float = 1.0,
     flush_interval_s: float = 0.25,
+    max_delay_s: float = 1.0,
     max_batch_chars: int = 3500,
+    stderr: str = "topic",
+    pty: bool = False,
+    pty_size: tuple[int, int] = (80, 24),
+    text_format: str = "pre",
+    end_blocks: bool = False,
+    stdin_timeout_s: float = 30.0,
+    handoff_timeout_s: float = 60.0,
+    snapshot_interval_s: float = 3.0,
 ) -> int:
     """Run ``command`` as a follower (see the module docstring) and return the exit code to use."""
     if not command:
         raise ValueError("follow needs a command to run")
+    if stderr not in STDERR_MODES:
+        raise ValueError(f"stderr must be one of {', '.join(STDERR_MODES)}")
+    if text_format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}")
     loop = asyncio.get_running_loop()
+    started_at = loop.time()
     try:
-        child = await asyncio.create_subprocess_exec(
-            *command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=None,
-            cwd=cwd,
-        )
+        child = await spawn(command, cwd=cwd, stderr=stderr, pty=pty, size=pty_size)
     except FileNotFoundError:
         logger.error("follow: command not found: {}", command[0])
         return EXIT_NOT_FOUND
     except PermissionError:
         logger.error("follow: command not executable: {}", command[0])
         return EXIT_NOT_EXECUTABLE
-    logger.info("follow: started child pid {}", child.pid)
+    logger.info("follow: started child pid {}{}", child.pid, " on a pty" if pty else "")
 
-    async def deliver(delivery: Delivery) -> None:
-        saved = await save_document(client, delivery, inbox) if delivery.document else None
-        line = delivery_line(delivery, saved)
-        if line is None:
-            logger.info("follow: delivery {} carries no text; nothing written", delivery.delivery_id)
-            return
-        stdin = child.stdin
-        if stdin is None or stdin.is_closing() or child.returncode is not None:
-            logger.warning("follow: the child's stdin is closed; delivery {} dropped", delivery.delivery_id)
-            return
-        try:
-            stdin.write((line + "\n").encode("utf-8", "surrogatepass"))
-            await stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            logger.warning("follow: the child's stdin is closed; delivery {} dropped", delivery.delivery_id)
-
+    writer = StdinWriter(child.stdin_fd, owns_fd=not pty)
+    renderer = (ScreenRenderer(*pty_size, quiet_s=flush_interval_s, snapshot_interval_s=snapshot_interval_s)
+                if pty else None)
+    batcher = OutputBatcher(max_batch_chars=max_batch_chars, flush_interval_s=flush_interval_s,
+                            max_delay_s=max_delay_s)
+    capture = OutputCapture(child, batcher, renderer=renderer, quiet_s=flush_interval_s)
     workdir = os.path.abspath(cwd) if cwd else os.getcwd()
     inbox = os.path.join(workdir, INBOX_DIR)
+    background: set[asyncio.Task] = set()
+    stalled = asyncio.Event()
+
+    def in_background(coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+    async def recover_from_stall() -> None:
+        await writer.wait_writable()
+        stalled.clear()
+        if not writer.gone:
+            logger.info("follow: the child reads its stdin again; asking the leader for what was left")
+            client.redeliver()
+
+    async def type_input(text: str) -> None:
+        if writer.gone:
+            raise DeliveryDeclined("the child's stdin is closed")
+        if stalled.is_set():
+            raise DeliveryDeclined("earlier input is still waiting for the child")
+        data = delivery_input(text, end_blocks=end_blocks)
+        try:
+            await writer.write(data, stdin_timeout_s)
+        except StdinClosed as exc:
+            raise DeliveryDeclined(str(exc)) from None
+        except StdinStalled as exc:
+            stalled.set()
+            in_background(recover_from_stall(), "follow-stdin-stall")
+            raise DeliveryDeclined(str(exc)) from None
+        if child.echoes_input():
+            capture.expect_echo(data.decode("utf-8", "replace"))
+
+    async def on_delivery(delivery: Delivery) -> None:
+        if writer.gone:
+            raise DeliveryDeclined("the child's stdin is closed")
+        saved = await save_document(client, delivery, inbox) if delivery.document else None
+        text = delivery_text(delivery, saved)
+        if text is None:
+            logger.info("follow: delivery {} carries no text; nothing written", delivery.delivery_id)
+            return
+        await type_input(text)
+
+    async def on_button(press: ButtonPress) -> None:
+        logger.info("follow: button pressed; typing its answer")
+        await type_input(press.data)
+
+    async def on_control(control: Control) -> None:
+        logger.info("follow: control {} from the topic", control.action)
+        if control.action == "interrupt":
+            child.interrupt()
+        elif control.action == "kill":
+            in_background(child.terminate(), "follow-kill")
+        elif control.action == "eof":
+            child.eof(writer)
+
     client = FollowerClient(
-        leader_url=leader_url,
-        secret=secret,
-        on_delivery=deliver,
-        cwd=workdir,
-        session_id=session,
-        name=name,
-        pid=child.pid,
+        leader_url=leader_url, secret=secret, on_delivery=on_delivery, on_control=on_control,
+        on_button=on_button, cwd=workdir, session_id=session, name=name, pid=child.pid,
         heartbeat_interval_s=heartbeat_interval_s,
     )
-    batcher = OutputBatcher(max_batch_chars=max_batch_chars, flush_interval_s=flush_interval_s)
-    wake = asyncio.Event()
-    abort = asyncio.Event()
-    stdout_done = False
 
-    async def read_stdout() -> None:
-        nonlocal stdout_done
-        assert child.stdout is not None
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        try:
-            while data := await child.stdout.read(READ_CHUNK_BYTES):
-                batcher.feed(decoder.decode(data), loop.time())
-                wake.set()
-            batcher.feed(decoder.decode(b"", final=True), loop.time())
-        finally:
-            stdout_done = True
-            wake.set()
-
-    async def send_batches() -> None:
-        while True:
-            wake.clear()
-            if batcher.ready(loop.time()) or (stdout_done and batcher.has_pending):
-                batch = batcher.take()
-                text = batch.rstrip("\r\n") if batch else ""
-                if text.strip():
-                    try:
-                        await client.send_text(text)
-                    except FollowerSendError as exc:
-                        logger.error("follow: the leader refused a batch of output ({})", exc.code)
-                continue
-            if stdout_done:
-                return
-            deadline = batcher.deadline()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(None if deadline is None else max(0.0, deadline - loop.time())):
-                    await wake.wait()
-
-    def on_signal(signum: int) -> None:
-        if child.returncode is None:
-            logger.info("follow: forwarding signal {} to the child", signum)
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signum)
+    async def send_text(text: str, fmt: str | None) -> None:
+        if fmt is None:
+            await client.send_text(text)
         else:
-            logger.warning("follow: signal {} after the child exited; abandoning unsent output", signum)
+            await client.send_text(text, format=fmt)  # type: ignore[call-arg] - format-v1 (the lead's send_text)
+
+    async def post(batch: str, last: bool) -> None:
+        text = batch.strip("\n")
+        if not text.strip():
+            return
+        caps = client.leader_capabilities
+        fmt = text_format if CAP_FORMAT in caps else None
+        buttons = yes_no_buttons(text) if last and CAP_BUTTONS in caps else None
+        try:
+            if buttons is None:
+                await send_text(text, fmt)
+                return
+            chunks = split_text(text)
+            for chunk in chunks[:-1]:
+                await send_text(chunk, fmt)
+            message = {"type": "text", "text": chunks[-1], "buttons": buttons}
+            if fmt is not None:
+                message["format"] = fmt
+            await client.send_message(message)
+        except FollowerSendError as exc:
+            logger.error("follow: the leader refused a batch of output ({})", exc.code)
+
+    async def hand_off(returncode: int) -> None:
+        await poster
+        notice = exit_notice(returncode, loop.time() - started_at)
+        logger.info("follow: {}", notice)
+        try:
+            await send_text(notice, "plain" if CAP_FORMAT in client.leader_capabilities else None)
+        except FollowerSendError as exc:
+            logger.error("follow: the leader refused the exit notice ({})", exc.code)
+
+    abort = asyncio.Event()
+    last_interrupt: float | None = None
+
+    def on_sigint() -> None:
+        nonlocal last_interrupt
+        now = loop.time()
+        if child.exited:
+            logger.warning("follow: interrupted after the child exited; abandoning unsent output")
             abort.set()
+        elif last_interrupt is not None and now - last_interrupt <= DOUBLE_INTERRUPT_S:
+            logger.info("follow: second Ctrl-C; stopping the child")
+            in_background(child.terminate(), "follow-stop")
+        else:
+            last_interrupt = now
+            logger.info("follow: Ctrl-C passed on to the child (again within {:g} s ends follow)",
+                        DOUBLE_INTERRUPT_S)
+            child.interrupt()
+
+    def on_sigterm() -> None:
+        if child.exited:
+            logger.warning("follow: signal after the child exited; abandoning unsent output")
+            abort.set()
+        else:
+            logger.info("follow: SIGTERM; stopping the child")
+            in_background(child.terminate(), "follow-stop")
 
     installed: list[int] = []
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum, handler in ((signal.SIGTERM, on_sigterm), (signal.SIGHUP, on_sigterm), (signal.SIGINT, on_sigint)):
         try:
-            loop.add_signal_handler(signum, on_signal, signum)
+            loop.add_signal_handler(signum, handler)
             installed.append(signum)
         except (NotImplementedError, RuntimeError, ValueError):
             pass
 
-    reader = asyncio.create_task(read_stdout(), name="follow-stdout")
-    sender = asyncio.create_task(send_batches(), name="follow-sender")
-    exited = asyncio.create_task(child.wait(), name="follow-child")
+    poster = asyncio.create_task(capture.post_loop(post), name="follow-poster")
+    exited = asyncio.create_task(child.process.wait(), name="follow-child")
     failed = asyncio.create_task(client.wait_failure(), name="follow-failure")
     aborted = asyncio.create_task(abort.wait(), name="follow-abort")
-    tasks = (reader, sender, exited, failed, aborted)
+    tasks: list[asyncio.Task] = [poster, exited, failed, aborted]
     try:
         await client.start()
         await asyncio.wait({exited, failed}, return_when=asyncio.FIRST_COMPLETED)
         if not exited.done():
             error = failed.result()
             logger.error("follow: {}; terminating the child", error)
-            await _terminate(child)
+            await child.terminate()
             return _fatal_exit_code(error)
-        code = exit_code_of(exited.result())
-        logger.info("follow: child exited with {}; flushing its output", code)
-        await asyncio.wait({sender, failed, aborted}, return_when=asyncio.FIRST_COMPLETED)
-        if sender.done():
-            error = sender.exception()
-            if isinstance(error, FollowerSuperseded | FollowerRefused):
-                return _fatal_exit_code(error)
-            if error is not None and not isinstance(error, FollowerClosed):
-                logger.opt(exception=error).error("follow: sending output failed")
-        elif failed.done() and not failed.cancelled() and failed.exception() is None:
-            logger.error("follow: {}; output still pending was not posted", failed.result())
-            return _fatal_exit_code(failed.result())
-        else:
-            logger.warning("follow: {} characters of output abandoned", batcher.pending_chars)
+        returncode = exited.result()
+        client.stop_receiving()
+        writer.mark_gone()
+        code = exit_code_of(returncode)
+        logger.info("follow: child exited with {}; handing its output to the leader", code)
+        await capture.drain_after_exit()
+        capture.finish()
+        handoff = asyncio.create_task(hand_off(returncode), name="follow-handoff")
+        tasks.append(handoff)
+        outcome = await _bounded_handoff(client, handoff, failed, aborted, handoff_timeout_s)
+        if outcome is not None:
+            return outcome
         return code
     finally:
-        for task in tasks:
+        for task in [*tasks, *background]:
             task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        results = await asyncio.gather(*tasks, *background, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError | FollowerError):
                 logger.opt(exception=result).error("follow: internal task failed")
         await client.close()
-        if child.returncode is None:
-            await _terminate(child)
+        if not child.exited:
+            await child.terminate()
+        writer.close()
+        capture.stop_reading()
         for signum in installed:
             loop.remove_signal_handler(signum)
+
+
+async def _bounded_handoff(client: FollowerClient, handoff: asyncio.Task, failed: asyncio.Task,
+                           aborted: asyncio.Task, limit_s: float) -> int | None:
+    """Wait for the hand-off; None when it completed or was abandoned, else the exit code to use.
+    The wait is bounded only while the leader is unreachable (``limit_s`` in total)."""
+    loop = asyncio.get_running_loop()
+    unreachable = 0.0
+    step = 0.25
+    while True:
+        before = loop.time()
+        registered = client.registered
+        done, _ = await asyncio.wait({handoff, failed, aborted}, timeout=step, return_when=asyncio.FIRST_COMPLETED)
+        if not registered and not client.registered:
+            unreachable += loop.time() - before
+        if handoff in done:
+            error = handoff.exception()
+            if isinstance(error, FollowerError) and client.failure is not None:
+                return _fatal_exit_code(client.failure)
+            if error is not None:
+                logger.opt(exception=error).error("follow: handing the output over failed")
+            return None
+        if failed in done and not failed.cancelled() and failed.exception() is None:
+            logger.error("follow: {}; output still pending was not posted", failed.result())
+            return _fatal_exit_code(failed.result())
+        if aborted in done:
+            logger.warning("follow: output not handed over (abandoned)")
+            return None
+        if unreachable >= limit_s:
+            logger.warning("follow: the leader was unreachable for {:g} s; output not handed over", unreachable)
+            return None
+
+
+def _fatal_exit_code(error: BaseException) -> int:
+    return EXIT_SUPERSEDED if isinstance(error, FollowerSuperseded) else EXIT_REFUSED

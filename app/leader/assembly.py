@@ -8,6 +8,7 @@ both, so tests exercise exactly the production composition.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.departure import DepartureHandler, Departures
 from topicbus.leader.followers import FollowerDesk
 from topicbus.leader.notices import Notices
-from topicbus.leader.outbound import OutboundSender
+from topicbus.leader.outbound import OutboundOptions, OutboundScheduler, ScheduledGateway
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.provisioning import TopicProvisioner
 from topicbus.leader.registration import Registrations
@@ -34,7 +35,7 @@ from topicbus.leader.routing import Router
 from topicbus.leader.status import StatusView
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.titles import DEBOUNCE_S, DisplayReconciler, TitleCache
-from topicbus.leader.topics import ControlTopic, TopicEvents
+from topicbus.leader.topics import ControlTopic, TopicEvents, mark_topic_gone
 from topicbus.storage.admission import AdmissionLedger
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.journal import JournalRepository
@@ -45,7 +46,7 @@ class LeaderServices:
     """Everything one term runs, by role."""
 
     term: LeaderTerm
-    gateway: TelegramGateway
+    gateway: ScheduledGateway
     roster: Roster
     admission: AdmissionLedger
     mutations: FollowerMutationQueue
@@ -57,7 +58,7 @@ class LeaderServices:
     rotation: SlotRotation
     departures: Departures
     pruner: FollowerPruner
-    outbound: OutboundSender
+    outbound: OutboundScheduler
     notices: Notices
     router: Router
     registrations: Registrations
@@ -67,10 +68,15 @@ class LeaderServices:
 
 
 def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
-             default_display_mode: DisplayMode, stale_after_ms: int,
+             default_display_mode: DisplayMode, stale_after_ms: int, outbound_options: OutboundOptions,
              display_debounce_s: float = DEBOUNCE_S) -> LeaderServices:
-    gateway = TelegramGateway(bot)
+    telegram = TelegramGateway(bot)
     roster = Roster(DeliveryHub(JournalRepository(term.db), term.clock, term.authority))
+    # Every outbound call of the term goes through the one scheduler that spends the chat's budget;
+    # the use cases get the gateway's methods through it (ScheduledGateway).
+    outbound = OutboundScheduler(term, telegram, outbound_options,
+                                 on_topic_gone=functools.partial(mark_topic_gone, term, roster))
+    gateway = ScheduledGateway(telegram, outbound)
     admission = AdmissionLedger(term.db, term.owner, term.now_ms, term.authority)
     mutations = FollowerMutationQueue()
     preferences = Preferences(term, default_cleanup=default_cleanup, default_display_mode=default_display_mode)
@@ -90,9 +96,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
         on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record,
         on_pruned=roster.pruned)
-    outbound = OutboundSender(term, gateway, on_topic_gone=topics.gone)
     notices = Notices(term, control, outbound.wake)
-    router = Router(term, roster, gateway, notices, outbound.wake)
+    router = Router(term, roster, gateway, notices, outbound)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
                                   admission=admission, mutations=mutations, pruner=pruner, titles=titles,
                                   control=control, on_roster_change=display.schedule)
@@ -111,12 +116,13 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
 
 async def open_term(services: LeaderServices, *, replay: bool = True,
                     provision_control: Callable[[], Awaitable[bool]] | None = None) -> bool:
-    """The start sequence before followers are accepted (SPEC §6.5): settings, the startup window,
-    holds of earlier leaders dropped, pending cleanups replayed, the control topic, the outbound
-    sender, the previous roster restored, pruning begun. ``provision_control`` provisions the control
+    """The start sequence before followers are accepted (SPEC §6.5): the outbound scheduler (through
+    which every Telegram call goes), settings, the startup window, holds of earlier leaders dropped,
+    pending cleanups replayed, the control topic, the previous roster restored, pruning begun. ``provision_control`` provisions the control
     topic (default: once, raising on failure); it returns False when the term should not go on."""
     s = services
     authority = s.term.authority()
+    s.outbound.start()  # every Telegram call below (replay, the control topic) goes through it
     await s.preferences.load()
     s.display.startup.begin()
     await s.admission.drop_foreign_holds(authority)
@@ -128,7 +134,6 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
         await s.registrations.provision_control_topic()
     elif not await provision_control():
         return False
-    s.outbound.start()
     await s.registrations.restore_roster()
     s.pruner.begin()
     return True

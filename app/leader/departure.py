@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.bot.gateway import Outcome
+from topicbus.leader.outbound import ScheduledGateway
 from topicbus.core.mutations import FollowerMutationQueue, follower_mutation_key
 from topicbus.core.registry import FollowerRecord
 from topicbus.leader.preferences import Preferences
@@ -39,7 +40,7 @@ class CleanupUnconfirmed(Exception):
 class DepartureHandler:
     """The two departures' mechanics: durable steps and Telegram calls, no policy."""
 
-    def __init__(self, term: LeaderTerm, gateway: TelegramGateway):
+    def __init__(self, term: LeaderTerm, gateway: ScheduledGateway):
         self._term = term
         self._gateway = gateway
         self._bindings = BindingRepository(term.db)

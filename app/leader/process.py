@@ -29,8 +29,11 @@ from topicbus.bus.metrics import Snapshot
 from topicbus.bus.server import BusLimits, BusServer, TlsConfigurationError, tls_context
 from topicbus.core.clock import Clock, SystemClock
 from topicbus.host import ProcessLiveness, current_host_id
+from topicbus.core.budget import BudgetConfig
+from topicbus.core.output import OutputConfig
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
 from topicbus.leader.health import LeaderHealth
+from topicbus.leader.outbound import OutboundOptions
 from topicbus.leader.provisioning import SlotUnavailable, TopicCreationFailed
 from topicbus.leader.rotation import RotationBlocked
 from topicbus.leader.term import LeaderTerm
@@ -47,6 +50,16 @@ LEASE_JOB_ID = "topicbus.lease"
 PURGE_JOB_ID = "topicbus.purge"
 PURGE_INTERVAL_S = 3600
 HISTORY_KEEP_MS = 7 * 24 * 3600 * 1000  # delivered/sent rows are kept a week for diagnosis
+
+
+def outbound_options(s: Settings) -> OutboundOptions:
+    """The chat's budget and the shape of output, from the environment."""
+    budget = BudgetConfig.for_chat(s.chat_id or 0, per_minute=s.rate_limit_per_chat_per_minute,
+                                   per_second=s.rate_limit_per_chat_per_second, reserve=s.budget_reserve,
+                                   overall_per_second=s.rate_limit_per_second)
+    output = OutputConfig(file_threshold=s.output_file_threshold, live_window_ms=int(s.live_message_s * 1000),
+                          quiet_ms=int(s.stream_quiet_s * 1000))
+    return OutboundOptions(budget=budget, output=output, max_items=s.outbox_max_items, max_bytes=s.outbox_max_bytes)
 
 
 class FatalLeaderError(Exception):
@@ -145,6 +158,7 @@ class LeaderProcess:
                                               "0.99": router.latency.quantile(0.99) or 0},
                 "topicbus_display_passes_total": services.display.passes,
                 "topicbus_display_edits_total": services.display.edits,
+                **services.outbound.metrics(),
             })
         return values
 
@@ -181,7 +195,8 @@ class Leadership:
         assert jq is not None
         services = assemble(self.term, bot=app.bot, timers=JobQueueTimers(jq),
                             liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
-                            default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms)
+                            default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms,
+                            outbound_options=outbound_options(s))
         self.services = services
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
                                    batch=self._journaled_batch(services))

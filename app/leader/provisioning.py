@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.bot.gateway import Outcome
+from topicbus.leader.outbound import ScheduledGateway
 from topicbus.core.display import DisplayBinding, initial_display_title
 from topicbus.core.slots import FreeSlot, Protection, SlotCandidate, plan_slot_allocation, to_durable_slot
 from topicbus.core.workspace import WorkspaceIdentity
@@ -43,7 +44,7 @@ class ProvisionRequest:
 
 
 class TopicProvisioner:
-    def __init__(self, term: LeaderTerm, gateway: TelegramGateway, preferences: Preferences):
+    def __init__(self, term: LeaderTerm, gateway: ScheduledGateway, preferences: Preferences):
         self._term = term
         self._bindings = BindingRepository(term.db)
         self._gateway = gateway

@@ -23,7 +23,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.bot.gateway import Outcome
+from topicbus.leader.outbound import ScheduledGateway
 from topicbus.core.retirement import (AcquireFence, AdoptFence, Cancel, Commit, DeleteTopic, DropIntent, FenceView,
                                       Finish, IntentView, IssueDeletion, MarkCommitReady, MarkRejected, PrepareIntent,
                                       ProbeTopic, RemoveFence, RestampIntent, RetirementState, RotationResult,
@@ -55,7 +56,7 @@ class SimulatedCrash(Exception):
 
 
 class SlotRotation:
-    def __init__(self, *, term: LeaderTerm, roster: Roster, admission: AdmissionLedger, gateway: TelegramGateway,
+    def __init__(self, *, term: LeaderTerm, roster: Roster, admission: AdmissionLedger, gateway: ScheduledGateway,
                  gate: asyncio.Lock, checkpoint: Callable[[str], Awaitable[None] | None] = lambda step: None):
         self._term = term
         self._roster = roster

@@ -12,21 +12,23 @@ outbound sender is woken; Telegram is never called on the bus request's path.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from topicbus.bot.gateway import TelegramGateway
 from topicbus.core.registry import FollowerRecord
 from topicbus.leader.delivery import FollowerConnection
 from topicbus.leader.notices import Notices
+from topicbus.leader.outbound import OutboundScheduler, ScheduledGateway
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import ErrorCode, ProtocolError, SendRequest
+from topicbus.core.formatting import utf16_len
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.db import Authority, AuthorityLost
 from topicbus.storage.journal import JournalItem, JournalRepository
@@ -60,13 +62,14 @@ class RouteResult:
 
 
 class Router:
-    def __init__(self, term: LeaderTerm, roster: Roster, gateway: TelegramGateway, notices: Notices,
-                 wake_outbound: Callable[[], None]):
+    def __init__(self, term: LeaderTerm, roster: Roster, gateway: ScheduledGateway, notices: Notices,
+                 outbound: OutboundScheduler):
         self._term = term
         self._roster = roster
         self._gateway = gateway
         self._notices = notices
-        self._wake_outbound = wake_outbound
+        self._outbound = outbound
+        self._backlog: dict[str, list[int]] = {}  # binding key -> [items, bytes], an upper bound
         self._bindings = BindingRepository(term.db)
         self.journal = JournalRepository(term.db)
         self.outbox = OutboxRepository(term.db)
@@ -160,24 +163,47 @@ class Router:
 
     # --- outbound ---------------------------------------------------------------------------------
     async def accept_output(self, entry: FollowerRecord, req: SendRequest) -> dict[str, Any]:
-        """Store one follower output item for its own topic (never another one)."""
+        """Store one follower output item for its own topic (never another one), within the
+        follower's outbox cap (``backlog-full`` beyond it: backpressure, nothing stored)."""
         target = entry.target
         assert target is not None
         if (req.chat_id is not None and req.chat_id != target.chat_id) or (
                 req.thread_id is not None and req.thread_id != target.thread_id):
             raise ProtocolError(ErrorCode.FOREIGN_TARGET, "A follower may only post into its own topic.")
         self._roster.registry.heartbeat(entry.instance_id, self._term.now_ms())
-        message = req.message.model_dump(by_alias=True)
+        message = req.message.model_dump(by_alias=True, exclude_none=True)
         kind = message.pop("type")
+        key = entry.binding_key or ""
+        size = len(json.dumps(message, separators=(",", ":")))
+        await self._check_backlog(key, size)
+        text = message.get("text") or ""
         try:
-            outbox_id, _ = await self.outbox.enqueue(
-                binding_key=entry.binding_key or "", chat_id=target.chat_id, thread_id=target.thread_id,
+            outbox_id, added = await self.outbox.enqueue(
+                binding_key=key, chat_id=target.chat_id, thread_id=target.thread_id,
                 instance_id=entry.instance_id, request_id=req.request_id, kind=kind, payload=message,
-                now_ms=self._term.now_ms(), authority=self._term.authority())
+                now_ms=self._term.now_ms(), authority=self._term.authority(), units=utf16_len(text),
+                fmt=message.get("format"), has_buttons=bool(message.get("buttons")))
         except AuthorityLost:
             raise ProtocolError(ErrorCode.NOT_LEADER, "Leader lost its lease while storing the message.") from None
-        self._wake_outbound()
+        if added:
+            counted = self._backlog.setdefault(key, [0, 0])
+            counted[0] += 1
+            counted[1] += size
+        self._outbound.wake(target.chat_id, target.thread_id)
         return {"outboxId": outbox_id}
+
+    async def _check_backlog(self, binding_key: str, size: int) -> None:
+        """The in-memory count only ever over-estimates (sent rows are not subtracted); when it says
+        "full", the store says whether that is still true."""
+        options = self._outbound.options
+        counted = self._backlog.get(binding_key)
+        if counted is None or counted[0] + 1 > options.max_items or counted[1] + size > options.max_bytes:
+            items, size_now = await self.outbox.backlog_of(binding_key)
+            counted = self._backlog[binding_key] = [items, size_now]
+        if counted[0] + 1 > options.max_items or counted[1] + size > options.max_bytes:
+            raise ProtocolError(ErrorCode.BACKLOG_FULL,
+                                f"This follower's outbox is full ({counted[0]} items, {counted[1]} bytes waiting "
+                                f"for Telegram); retry later.")
 
     # --- housekeeping -----------------------------------------------------------------------------
     async def purge_history(self, keep_ms: int) -> tuple[int, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from topicbus.core.pruning import FollowerPruner
-from topicbus.leader.outbound import OutboundSender
+from topicbus.leader.outbound import OutboundScheduler
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.registration import Registrations
 from topicbus.leader.roster import Roster
@@ -19,7 +19,7 @@ from topicbus.storage.cleanups import CleanupRepository
 
 class StatusView:
     def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, control: ControlTopic,
-                 router: Router, registrations: Registrations, outbound: OutboundSender, rotation: SlotRotation,
+                 router: Router, registrations: Registrations, outbound: OutboundScheduler, rotation: SlotRotation,
                  pruner: FollowerPruner):
         self._term = term
         self._roster = roster
@@ -40,6 +40,7 @@ class StatusView:
         queued = await self._router.journal.count_pending()
         owners = {o.binding_key for o in await self._bindings.owners()}
         policy = await self._preferences.cleanup_policy()
+        backlog = self._outbound.backlog()
         bindings = []
         for b in await self._bindings.all():
             live = by_binding.get(b.binding_key)
@@ -57,6 +58,8 @@ class StatusView:
                 "bindingKey": b.binding_key, "slot": b.slot, "title": b.title, "threadId": b.thread_id,
                 "kind": b.kind, "cwd": b.cwd, "session": b.session, "state": state, "topicState": b.topic_state,
                 "inactiveSinceMs": b.inactive_since_ms, "queued": queued.get(b.binding_key, 0),
+                "outboxItems": backlog.get((b.chat_id, b.thread_id), (0, 0))[0],
+                "outboxUnits": backlog.get((b.chat_id, b.thread_id), (0, 0))[1],
                 "heartbeatAgeMs": (now - live.last_heartbeat_ms) if live else None,
                 "instanceId": live.instance_id if live else None,
             })
@@ -77,6 +80,7 @@ class StatusView:
             "pendingObservations": [{"instanceId": o.follower.instance_id, "slot": o.follower.slot,
                                      "operationId": o.operation_id} for o in self._pruner.pending_observations()],
             "outboxPending": await self._router.outbox.count_pending(),
+            "budget": self._outbound.budget_view(),
             "rotation": await self._rotation.occupancy(),
             "stats": dict(self._router.stats, registrations=self._registrations.count,
                           delivered=self._roster.hub.delivered, sent=self._outbound.sent),

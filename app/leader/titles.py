@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.bot.gateway import Outcome
+from topicbus.leader.outbound import ScheduledGateway
 from topicbus.core.display import DisplayBinding, DisplayMode, resolve_display_titles
 from topicbus.core.startup import StartupWindow, Timers
 from topicbus.leader.preferences import Preferences
@@ -62,7 +63,7 @@ class _EditAuthority:
 
 class DisplayReconciler:
     def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, control: ControlTopic,
-                 gateway: TelegramGateway, admission: AdmissionLedger, timers: Timers, titles: TitleCache,
+                 gateway: ScheduledGateway, admission: AdmissionLedger, timers: Timers, titles: TitleCache,
                  debounce_s: float = DEBOUNCE_S):
         self._term = term
         self._roster = roster

@@ -109,6 +109,7 @@ class Cluster:
             "TOPICBUS_LEASE_STALE_AFTER_MS": "1500",
             "TOPICBUS_RATE_LIMIT_PER_SECOND": "1000",
             "TOPICBUS_RATE_LIMIT_PER_CHAT_PER_MINUTE": "100000",
+            "TOPICBUS_RATE_LIMIT_PER_CHAT_PER_SECOND": "1000",
             "TOPICBUS_LOG_LEVEL": "DEBUG",
         })
         env.update(self.env_overrides)
@@ -194,6 +195,10 @@ class Cluster:
 
     def texts_in(self, thread_id: int) -> list[str]:
         return [m.text or "" for m in self.fake.messages_in(CHAT_ID, thread_id)]
+
+    def lines_in(self, thread_id: int) -> list[str]:
+        """What the topic shows, line by line (messages as last edited, text files; no end pings)."""
+        return self.fake.visible_lines(CHAT_ID, thread_id)
 
     async def wait_text(self, thread_id: int, needle: str, timeout: float = 20.0) -> None:
         await self.wait_for(lambda: any(needle in t for t in self.texts_in(thread_id)), timeout,

@@ -24,7 +24,8 @@ async def test_topic_created_and_echo_round_trip(cluster: Cluster, tmp_path):
     await cluster.wait_text(thread, "agent ready")
 
     cluster.fake.push_message(CHAT_ID, "hello\nworld", thread_id=thread, from_id=OWNER_ID)
-    await cluster.wait_text(thread, "echo: hello world")
+    await cluster.wait_text(thread, "echo: world")  # a multi-line message arrives as its lines
+    assert "echo: hello\necho: world" in "\n".join(cluster.texts_in(thread))
 
     cluster.fake.push_message(CHAT_ID, "bye", thread_id=thread, from_id=OWNER_ID)
     assert await follower.wait() == 3
@@ -44,7 +45,7 @@ async def test_follower_restart_reuses_its_topic(cluster: Cluster, tmp_path):
     second = await cluster.start_follower(work)
     again = await cluster.wait_follower_topic(work)
     assert again["threadId"] == thread
-    await cluster.wait_for(lambda: cluster.texts_in(thread).count("agent ready") == 2, message="second agent ready")
+    await cluster.wait_for(lambda: cluster.lines_in(thread).count("agent ready") == 2, message="second agent ready")
     cluster.fake.push_message(CHAT_ID, "ping", thread_id=thread, from_id=OWNER_ID)
     await cluster.wait_text(thread, "echo: ping")
     assert len(cluster.fake.calls_to("createForumTopic")) == 2  # control topic + this one, never a duplicate
@@ -68,7 +69,7 @@ async def test_leader_restart_keeps_bindings_and_delivers_messages_sent_while_do
     await cluster.wait_polling()
     for i in range(3):
         await cluster.wait_text(thread, f"echo: while down {i}")
-    lines = "\n".join(cluster.texts_in(thread)).splitlines()
+    lines = cluster.lines_in(thread)
     assert [t for t in lines if t.startswith("echo: while down")] == [f"echo: while down {i}" for i in range(3)]
     assert len(cluster.fake.calls_to("createForumTopic")) == 2
     assert (await cluster.wait_follower_topic(work))["threadId"] == thread
@@ -127,7 +128,7 @@ async def test_owner_document_is_saved_for_the_agent_and_only_routed_files_are_s
     cluster.fake.push_message(CHAT_ID, None, thread_id=thread, from_id=OWNER_ID, caption="please read",
                               document={"file_id": "DOCfile_1", "file_name": "notes (v2).txt", "content": content})
     await cluster.wait_text(thread, "echo: [document ")
-    line = next(t for t in "\n".join(cluster.texts_in(thread)).splitlines() if t.startswith("echo: [document "))
+    line = next(t for t in cluster.lines_in(thread) if t.startswith("echo: [document "))
     path = line[len("echo: [document "):line.index("]")]
     assert path.startswith(str(work / ".topicbus" / "inbox")) and line.endswith("please read")
     assert open(path, "rb").read() == content

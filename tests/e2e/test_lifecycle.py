@@ -65,7 +65,7 @@ async def test_cleanup_off_preserves_topic_and_restart_gets_it_back(cluster: Clu
     back = await wait_state(cluster, work, "live")
     assert back["threadId"] == thread
     assert back["inactiveSinceMs"] is None
-    await cluster.wait_for(lambda: cluster.texts_in(thread).count("agent ready") == 2, message="second start")
+    await cluster.wait_for(lambda: cluster.lines_in(thread).count("agent ready") == 2, message="second start")
     cluster.fake.push_message(CHAT_ID, "welcome back", thread_id=thread, from_id=OWNER_ID)
     await cluster.wait_text(thread, "echo: welcome back")
 
@@ -136,6 +136,6 @@ async def test_topic_deleted_in_telegram_is_recreated_and_output_continues_there
         return b if b and b["state"] == "live" and b["threadId"] not in (None, old) else None
 
     fresh = await cluster.wait_for(new_topic, timeout=30, message="a re-created topic")
-    await cluster.wait_for(lambda: any(t.startswith("tick") for t in cluster.texts_in(fresh["threadId"])),
+    await cluster.wait_for(lambda: any(t.startswith("tick") for t in cluster.lines_in(fresh["threadId"])),
                            message="output flowing into the new topic")
     assert len([t for t in cluster.fake.topics(CHAT_ID) if not t.deleted]) == 2  # control + the new one

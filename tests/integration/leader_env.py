@@ -14,6 +14,8 @@ from telegram import Bot
 from telegram.ext import Application, ApplicationBuilder
 
 from topicbus.bot.timers import JobQueueTimers
+from topicbus.core.budget import BudgetConfig
+from topicbus.leader.outbound import OutboundOptions
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
 from topicbus.leader.term import LeaderTerm
 from topicbus.storage.bindings import Binding, BindingRepository
@@ -108,6 +110,9 @@ class LeaderEnv:
         self.display_mode = DisplayMode.LETTERS
         self.read_timeout = 5.0
         self.display_debounce_s = 1.0
+        # A budget the tests never wait for, unless a test asks for Telegram's real one.
+        self.outbound_options = OutboundOptions(budget=BudgetConfig(per_minute=100_000, per_second=1_000,
+                                                                    overall_per_second=10_000))
         self.services: LeaderServices | None = None
         self.term: LeaderTerm | None = None
         self.authority: Authority | None = None
@@ -128,7 +133,8 @@ class LeaderEnv:
         self.services = assemble(self.term, bot=self.bot, timers=JobQueueTimers(self.app.job_queue),
                                  liveness=self.liveness, default_cleanup=self.cleanup,  # type: ignore[arg-type]
                                  default_display_mode=self.display_mode, stale_after_ms=self.stale_after_ms,
-                                 display_debounce_s=self.display_debounce_s)
+                                 display_debounce_s=self.display_debounce_s,
+                                 outbound_options=self.outbound_options)
 
         async def no_control_topic() -> bool:
             return True

@@ -78,9 +78,10 @@ async def test_deliveries_output_and_exit_code(leader: FakeLeader, tmp_path: Pat
         assert found == [f"pid:{reg['pid']}"]  # the identity's pid is the child's
         assert reg["processBirthId"].startswith(f"{reg['pid']}:")
 
-        await leader.deliver("hello\nworld\r\nagain")
-        await wait_until(lambda: texts_containing(leader, "echo:hello"), timeout=5, message="echo")
-        assert texts_containing(leader, "echo:hello") == ["echo:hello world again"]
+        await leader.deliver("hello\nworld\r\nagain")  # a multi-line message arrives as its lines
+        await wait_until(lambda: texts_containing(leader, "echo:again"), timeout=5, message="echo")
+        assert "\n".join(leader.sent_texts()).count("echo:") == 3
+        assert "echo:hello\necho:world\necho:again" in "\n".join(leader.sent_texts())
 
         await leader.deliver(None, caption="a caption", document={"fileName": "f.txt"})
         await leader.deliver(None, document={"fileName": "f.txt"})
@@ -106,7 +107,8 @@ async def test_deliveries_output_and_exit_code(leader: FakeLeader, tmp_path: Pat
             task.cancel()
     assert code == 3
     texts = leader.sent_texts()
-    assert texts[-1] == "bye!"
+    assert texts[-2] == "bye!"
+    assert texts[-1].startswith("⏹ exited with code 3 after ")  # the exit notice, after all output
     order = [next(i for i, t in enumerate(texts) if needle in t)
              for needle in ("ready", "pid:", "echo:hello", "uni:", "x" * 100, "bye!")]
     assert order == sorted(order)
@@ -119,9 +121,10 @@ async def test_child_exit_flushes_output_written_just_before(leader: FakeLeader)
     script = "import sys\nsys.stdout.write('line %d\\n' * 2000 % tuple(range(2000)))\nsys.exit(0)\n"
     code = await asyncio.wait_for(follow(leader, script, flush_interval_s=5.0), 10)
     assert code == 0
-    joined = "\n".join(leader.sent_texts())
-    assert joined.split("\n") == [f"line {i}" for i in range(2000)]
-    assert all(len(t) <= 3500 for t in leader.sent_texts())
+    *output, notice = leader.sent_texts()
+    assert "\n".join(output).split("\n") == [f"line {i}" for i in range(2000)]
+    assert all(len(t) <= 3500 for t in output)
+    assert notice.startswith("⏹ exited with code 0 after ")
     assert len(leader.disconnects) == 1
 
 

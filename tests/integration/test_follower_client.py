@@ -18,7 +18,7 @@ from topicbus.follower.client import (
     FollowerSendError,
     FollowerSuperseded,
 )
-from topicbus.protocol import CAP_FORMAT, LEADER_CAPABILITIES, Capabilities
+from topicbus.protocol import CAP_FORMAT, LEADER_V1_CAPABILITIES, Capabilities
 from tests.fakeleader import FakeLeader
 from tests.support.waiting import wait_until
 
@@ -307,7 +307,7 @@ async def test_capabilities_are_advertised_and_the_leaders_are_kept(leader: Fake
         await client.wait_registered(timeout=5)
         assert leader.registrations[0]["protocol"]["capabilities"] == ["deliver-v1", "display-title-v1"]
         assert client.capabilities.may_receive("message") and not client.capabilities.may_receive("edit")
-        assert client.leader_capabilities == Capabilities.of(LEADER_CAPABILITIES)
+        assert client.leader_capabilities == Capabilities.of(LEADER_V1_CAPABILITIES)
 
 
 async def test_send_field_the_leader_did_not_advertise_is_refused_locally(leader: FakeLeader) -> None:
@@ -324,7 +324,7 @@ async def test_send_field_the_leader_did_not_advertise_is_refused_locally(leader
 
 
 async def test_send_field_follows_what_the_current_leader_advertised() -> None:
-    async with FakeLeader(capabilities=LEADER_CAPABILITIES | {CAP_FORMAT}) as leader:
+    async with FakeLeader(capabilities=LEADER_V1_CAPABILITIES | {CAP_FORMAT}) as leader:
         async with make_client(leader) as client:
             await client.wait_registered(timeout=5)
             await client.send_message({"type": "text", "text": "*bold*", "format": "markdown"})
@@ -333,7 +333,7 @@ async def test_send_field_follows_what_the_current_leader_advertised() -> None:
                 await client.send_message({"type": "text", "text": "x", "buttons": []})
             assert info.value.code == "unsupported-by-leader"
             # The leader is replaced by one without format-v1: the next registration's answer counts.
-            leader.capabilities = frozenset(LEADER_CAPABILITIES)
+            leader.capabilities = frozenset(LEADER_V1_CAPABILITIES)
             await leader.drop()
             await leader.wait_for(lambda: len(leader.registrations) == 2, what="re-registration")
             await client.wait_registered(timeout=5)
@@ -394,3 +394,50 @@ async def test_wait_stopped_before_start_returns(leader: FakeLeader) -> None:
         await client.wait_stopped(timeout=0)
     await client.close()
     await client.wait_stopped(timeout=0)
+
+
+async def test_formats_and_buttons_go_to_a_leader_that_takes_them() -> None:
+    from topicbus import Button
+    from topicbus.protocol import CAP_BUTTONS, LEADER_CAPABILITIES
+
+    async with FakeLeader(capabilities=LEADER_CAPABILITIES | {CAP_BUTTONS}) as leader:
+        async with make_client(leader) as client:
+            await client.wait_registered(timeout=5)
+            await client.send_text("**hi**", format="markdown")
+            await client.send_text("plain by default")
+            await client.send_text("Continue? [y/N]", buttons=[[Button("Yes", "y"), Button("No", "n")]])
+            await client.send_photo("p.png", b"\x89PNG...", caption="look")
+    assert leader.outbox_items[0] == {"type": "text", "text": "**hi**", "format": "markdown"}
+    assert leader.outbox_items[1] == {"type": "text", "text": "plain by default"}
+    assert leader.outbox_items[2]["buttons"] == [[{"text": "Yes", "data": "y"}, {"text": "No", "data": "n"}]]
+    assert leader.outbox_items[3]["type"] == "photo" and leader.outbox_items[3]["caption"] == "look"
+
+
+async def test_a_long_markdown_text_is_split_without_breaking_its_code_block() -> None:
+    from topicbus.protocol import LEADER_CAPABILITIES
+
+    code = "\n".join(f"line {i:04d} " + "x" * 40 for i in range(200))  # about 10,000 characters
+    async with FakeLeader(capabilities=LEADER_CAPABILITIES) as leader:
+        async with make_client(leader) as client:
+            await client.wait_registered(timeout=5)
+            await client.send_text(f"Here:\n```python\n{code}\n```\nDone.", format="markdown")
+    chunks = [item["text"] for item in leader.outbox_items]
+    assert len(chunks) >= 3 and all(len(c) <= 4096 for c in chunks)
+    for chunk in chunks:  # every chunk's fences are balanced: each renders on its own
+        assert sum(line.strip().startswith("```") for line in chunk.split("\n")) % 2 == 0, chunk[:80]
+    assert chunks[1].startswith("```python\n")
+    body = [line for c in chunks for line in c.split("\n") if line.startswith("line ")]
+    assert body == code.split("\n")
+
+
+async def test_backlog_full_is_waited_out_then_reported(leader: FakeLeader) -> None:
+    async with make_client(leader, backlog_wait_s=0.3) as client:
+        await client.wait_registered(timeout=5)
+        leader.send_errors = ["backlog-full", "backlog-full"]
+        assert await client.send_text("eventually") != []  # the backlog drained: stored
+        assert leader.sent_texts() == ["eventually"]
+        leader.send_errors = ["backlog-full"] * 1000
+        with pytest.raises(FollowerSendError) as info:
+            await client.send_text("never")
+        assert info.value.code == "backlog-full"
+        assert leader.sent_texts() == ["eventually"]

@@ -97,7 +97,7 @@ async def test_case18_proven_rejection_cancels_and_a_later_attempt_uses_a_new_fe
     env = off
     await env.start()
     olds = await fill(env)
-    env.fake.fail_next("deleteForumTopic", status=429, retry_after=1)
+    env.fake.fail_next("deleteForumTopic", status=400, description="Bad Request: not enough rights to manage topics")
     err = await env.register_error("newcomer", cwd="/new/work", pid=5000)
     assert err.code is ErrorCode.SLOT_UNAVAILABLE and "delete-rejected" in err.message
     assert await env.services.admission.fence() is None
@@ -239,7 +239,7 @@ async def test_case19_32_rejection_interrupted_before_cancellation_is_finished_b
     env = off
     await env.start()
     olds = await fill(env)
-    env.fake.fail_next("deleteForumTopic", status=429, retry_after=1)
+    env.fake.fail_next("deleteForumTopic", status=400, description="Bad Request: not enough rights to manage topics")
 
     def crash(at: str) -> None:
         if at == "deletion-rejected":

@@ -1,4 +1,4 @@
-"""Pure helpers of `topicbus follow`: text splitting, output batching, stdin lines, exit codes."""
+"""Pure helpers of `topicbus follow`: text splitting, output batching, what a message types, exit codes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topicbus.follower.follow import OutputBatcher, delivery_line, dropped_marker, exit_code_of, split_text
 from topicbus.follower.client import Delivery
+from topicbus.follower.follow import OutputBatcher, delivery_text, dropped_marker, exit_code_of, exit_notice, split_text
+from topicbus.follower.inputs import delivery_input
 
 
 def reassemble(text: str, chunks: list[str]) -> None:
@@ -74,16 +75,24 @@ def test_split_properties(text: str, limit: int) -> None:
 # ---- OutputBatcher ----------------------------------------------------------------------------
 
 
-def test_batcher_flushes_after_interval() -> None:
-    b = OutputBatcher(max_batch_chars=100, flush_interval_s=0.25)
+def test_batcher_flushes_when_output_pauses() -> None:
+    b = OutputBatcher(max_batch_chars=100, flush_interval_s=0.25, max_delay_s=1.0)
     assert not b.ready(0.0) and b.take() is None and b.deadline() is None
     b.feed("hello\n", 10.0)
     b.feed("world\n", 10.1)
-    assert not b.ready(10.2)
-    assert b.deadline() == pytest.approx(10.25)
-    assert b.ready(10.25)
+    assert not b.ready(10.3)  # 0.2 s since the last output: not a pause yet
+    assert b.deadline() == pytest.approx(10.35)
+    assert b.ready(10.35)
     assert b.take() == "hello\nworld\n"
     assert not b.has_pending and b.deadline() is None and b.pending_bytes == 0
+
+
+def test_batcher_posts_a_stream_that_never_pauses_after_max_delay() -> None:
+    b = OutputBatcher(max_batch_chars=1000, flush_interval_s=0.25, max_delay_s=1.0)
+    for i in range(12):
+        b.feed(f"tick {i}\n", 10.0 + i * 0.1)
+        assert b.ready(10.0 + i * 0.1) == (i >= 10)
+    assert b.deadline() == pytest.approx(11.0)
 
 
 def test_batcher_flushes_on_size_preferring_newline() -> None:
@@ -144,12 +153,31 @@ def _delivery(text=None, caption=None, document=None) -> Delivery:
                     date=0, document=document)
 
 
-def test_delivery_line() -> None:
-    assert delivery_line(_delivery("a\r\nb\nc\rd")) == "a b c d"
-    assert delivery_line(_delivery("one\n\ntwo")) == "one  two"
-    assert delivery_line(_delivery(caption="cap\nx", document={"fileName": "f.txt"})) == "cap x"
-    assert delivery_line(_delivery(document={"fileName": "f.txt"})) == "[document f.txt]"
-    assert delivery_line(_delivery()) is None
+def test_delivery_text_keeps_lines() -> None:
+    assert delivery_text(_delivery("a\r\nb\nc\rd")) == "a\nb\nc\nd"
+    assert delivery_text(_delivery("one\n\ntwo  ")) == "one\n\ntwo  "  # nothing else altered
+    assert delivery_text(_delivery(caption="cap\nx", document={"fileName": "f.txt"})) == "cap\nx"
+    assert delivery_text(_delivery(document={"fileName": "f.txt"})) == "[document f.txt]"
+    assert delivery_text(_delivery(caption="c", document={"fileName": "f"}), "/in/f") == "[document /in/f] c"
+    assert delivery_text(_delivery()) is None
+
+
+def test_delivery_input() -> None:
+    assert delivery_input("print(1)") == b"print(1)\n"
+    block = "def f(x):\n    return x"
+    assert delivery_input(block) == b"def f(x):\n    return x\n"
+    assert delivery_input(block, end_blocks=True) == b"def f(x):\n    return x\n\n"
+    assert delivery_input("one line", end_blocks=True) == b"one line\n"
+    assert delivery_input("while True: pass", end_blocks=True) == b"while True: pass\n\n"
+    assert delivery_input("while True: pass") == b"while True: pass\n"
+    assert delivery_input("é") == "é\n".encode()
+
+
+def test_exit_notice() -> None:
+    assert exit_notice(3, 2.04) == "⏹ exited with code 3 after 2.0 s"
+    assert exit_notice(0, 75) == "⏹ exited with code 0 after 1 min 15 s"
+    assert exit_notice(-9, 12.4) == "⏹ killed by SIGKILL after 12 s"
+    assert exit_notice(-15, 7300) == "⏹ killed by SIGTERM after 2 h 1 min"
 
 
 def test_exit_code_of() -> None:

@@ -22,6 +22,7 @@ from topicbus.protocol import (
     CAP_SEND,
     DELIVERY_CAPABILITIES,
     LEADER_CAPABILITIES,
+    LEADER_V1_CAPABILITIES,
     MAX_DOCUMENT_BYTES,
     MAX_PID,
     SEND_FIELD_CAPABILITIES,
@@ -396,7 +397,7 @@ def test_follower_refuses_unknown_kinds_and_garbage() -> None:
 
 def test_identities() -> None:
     assert follower_identity("b") == {"version": 1, "build": "b", "capabilities": [CAP_DELIVER, CAP_DISPLAY_TITLE]}
-    assert leader_identity("l")["capabilities"] == sorted({CAP_DELIVER, CAP_SEND})
+    assert leader_identity("l")["capabilities"] == sorted({CAP_DELIVER, CAP_SEND, CAP_FORMAT, CAP_PHOTO})
     assert leader_identity("l", [CAP_FORMAT, CAP_SEND, CAP_SEND])["capabilities"] == [CAP_FORMAT, CAP_SEND]
     assert follower_identity("b", Capabilities.for_follower(["message", "edit"]))["capabilities"] == [
         CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT]
@@ -454,18 +455,18 @@ def test_may_deliver_on_the_leader_side() -> None:
 
 
 def test_send_fields() -> None:
-    v1 = Capabilities.of(LEADER_CAPABILITIES)
+    v1 = Capabilities.of(LEADER_V1_CAPABILITIES)
     assert v1.accepts_send_field("text", "text") and v1.accepts_send_field("action", "chatAction")
     assert v1.accepts_send_field("caption", "document") and v1.accepts_send_field("type", "anything")
     assert not v1.accepts_send_field("action", "text")  # another type's field is not this type's
     assert not v1.accepts_send_field("format", "text") and not v1.accepts_send_field("buttons", "text")
-    later = Capabilities.of([*LEADER_CAPABILITIES, CAP_FORMAT])
+    later = Capabilities.of([*LEADER_V1_CAPABILITIES, CAP_FORMAT])
     assert later.accepts_send_field("format", "text") and not later.accepts_send_field("buttons", "text")
     assert not Capabilities.of(["anything-v1"]).accepts_send_field("anything", "text")
 
 
 def test_unsupported_send_fields() -> None:
-    v1 = Capabilities.of(LEADER_CAPABILITIES)
+    v1 = Capabilities.of(LEADER_V1_CAPABILITIES)
     for message in (text_message("x"), chat_action_message(), document_message("f", b"x", caption="c")):
         assert v1.unsupported_send_fields(message) == []
         assert Capabilities().unsupported_send_fields(message) == []  # version 1 fields need nothing

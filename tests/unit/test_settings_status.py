@@ -50,20 +50,26 @@ def test_status_renders_a_standby_without_a_live_view():
     assert "standby" in text and "no live view" in text and "(none)" in text
 
 
-def test_status_board_lists_slots_states_and_rotation():
+def test_status_board_fits_a_phone_and_lists_slots_states_backlog_and_rotation():
     board = render_board({
         "role": "leader", "epoch": 2, "cleanupPolicy": "off", "displayMode": "letters",
+        "budget": {"usedLastMinute": 7, "perMinute": 20, "pausedForS": 12.0},
         "bindings": [
             {"slot": "A", "title": "topicbus control", "state": "control", "heartbeatAgeMs": None, "queued": 0},
-            {"slot": "B", "title": "B", "state": "live", "heartbeatAgeMs": 1200, "queued": 2},
+            {"slot": "B", "title": "a rather long project title", "state": "live", "heartbeatAgeMs": 1200,
+             "queued": 2, "outboxItems": 31, "outboxUnits": 12_345},
             {"slot": "C", "title": "C", "state": "preserved", "heartbeatAgeMs": None, "queued": 0},
+            {"slot": "D", "title": "gone", "state": "deleted", "heartbeatAgeMs": None, "queued": 0},
         ],
         "rotation": {"slotsUsed": 3, "rotationOrder": [{"slot": "C", "protection": "eligible"}],
                      "fence": {"slot": "D", "phase": "deletion-issued", "threadId": 9}},
         "pendingCleanups": [], "pendingObservations": [],
     })
     lines = board.splitlines()
-    assert "cleanup off" in lines[0]
-    assert any(line.startswith("B ") and "live" in line and "1.2s" in line and "queued 2" in line for line in lines)
-    assert any("rotates next: C" in line for line in lines)
-    assert any("phase deletion-issued" in line for line in lines)
+    assert all(len(line) <= 36 for line in lines), [line for line in lines if len(line) > 36]
+    assert "cleanup off" in lines[1] and "budget 7/20 a min · wait 12s" in lines
+    assert any(line.startswith("B a rather long pro") and "live" in line and "1s" in line for line in lines)
+    assert "  out 31 (12.3k ch) · in 2" in lines
+    assert any(line.startswith("C ") and "kept" in line for line in lines)
+    assert not any("gone" in line for line in lines)  # deleted bindings are left out
+    assert "slots 3/26 · next C" in lines and "retiring D: deletion-issued" in lines

@@ -1,0 +1,111 @@
+"""Telegram's allowance for one chat, and who may spend it first (SPEC §9.1, "Budget accounting").
+
+Telegram lets a bot post about 20 messages a minute into one group — all topics together; sends,
+message edits and topic creation, editing, closing, reopening and deletion all count — and about one
+a second into a chat. :class:`ChatBudget` is that allowance as a pure value: a sliding window of
+spends, a minimum interval, and a pause that ``RetryAfter`` teaches. The clock is passed in.
+
+Calls that do not spend the group's allowance (chat actions, reactions, ``answerCallbackQuery``)
+only honour the pause and the bot-wide rate.
+
+A **reserve** of the window (default 4 of 20) is kept for the first two priorities — answers in the
+control topic, leader notices, answers to buttons and prompts — so that they wait at most a few
+seconds while agents flood.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class Priority(IntEnum):
+    """Who goes first when the budget is short (lower is first)."""
+
+    CONTROL = 0  # answers in the control topic, leader notices
+    ANSWER = 1  # answers to buttons and prompts, topic creation for a waiting follower
+    OUTPUT = 2  # agent output, topic cleanup
+    TITLE = 3  # title edits
+    BACKGROUND = 4  # receipt reactions: never spends the group's allowance, skipped under pressure
+
+
+RESERVED_FOR = frozenset({Priority.CONTROL, Priority.ANSWER})
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    per_minute: float | None = 20.0  # the group's sliding window; None: a private chat (no window)
+    per_second: float = 1.0  # at most this many spends a second in the chat
+    reserve: int = 4  # of the window, kept for CONTROL and ANSWER
+    window_s: float = 60.0
+    overall_per_second: float = 30.0  # every call of the bot, spending or not
+
+    @classmethod
+    def for_chat(cls, chat_id: int, *, per_minute: float, per_second: float, reserve: int,
+                 overall_per_second: float) -> BudgetConfig:
+        """Groups (negative ids) get the window; private-chat topics get 1/s only."""
+        return cls(per_minute=per_minute if chat_id < 0 else None, per_second=per_second,
+                   reserve=min(reserve, max(0, int(per_minute) - 1)), overall_per_second=overall_per_second)
+
+
+class ChatBudget:
+    def __init__(self, config: BudgetConfig):
+        self.config = config
+        self._spends: deque[float] = deque()  # times of spends inside the window
+        self._last_spend: float | None = None
+        self._last_call: float | None = None
+        self._paused_until = 0.0
+        self.retry_after_hits = 0
+
+    # --- questions --------------------------------------------------------------------------------
+    def ready_at(self, now: float, priority: Priority, *, spends: bool = True) -> float:
+        """The earliest time a call of ``priority`` may go (``now`` or later)."""
+        cfg = self.config
+        at = max(now, self._paused_until)
+        if self._last_call is not None and cfg.overall_per_second > 0:
+            at = max(at, self._last_call + 1.0 / cfg.overall_per_second)
+        if not spends:
+            return at
+        if self._last_spend is not None and cfg.per_second > 0:
+            at = max(at, self._last_spend + 1.0 / cfg.per_second)
+        if cfg.per_minute is not None:
+            self._expire(now)
+            limit = int(cfg.per_minute) - (0 if priority in RESERVED_FOR else cfg.reserve)
+            if limit <= 0:
+                return float("inf")
+            if len(self._spends) >= limit:
+                # Ready when enough old spends have left the window for one more of this class.
+                at = max(at, self._spends[len(self._spends) - limit] + cfg.window_s)
+        return at
+
+    def used(self, now: float) -> int:
+        """Spends in the current window."""
+        self._expire(now)
+        return len(self._spends)
+
+    def under_pressure(self, now: float) -> bool:
+        """True when output is being held back: the pause, or the window used up to the reserve."""
+        return self.ready_at(now, Priority.OUTPUT) > now
+
+    @property
+    def paused_until(self) -> float:
+        return self._paused_until
+
+    # --- changes ----------------------------------------------------------------------------------
+    def record(self, now: float, *, spends: bool) -> None:
+        """A call went out at ``now``."""
+        self._last_call = now
+        if spends:
+            self._last_spend = now
+            self._spends.append(now)
+
+    def pause(self, now: float, seconds: float) -> None:
+        """Telegram answered ``RetryAfter``: nothing goes to this chat before the time is up."""
+        self.retry_after_hits += 1
+        self._paused_until = max(self._paused_until, now + max(0.0, seconds))
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.config.window_s
+        while self._spends and self._spends[0] <= horizon:
+            self._spends.popleft()

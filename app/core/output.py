@@ -1,0 +1,216 @@
+"""How a topic's pending output becomes Telegram messages: the per-topic plan, pure.
+
+When a topic's turn comes, :func:`plan` decides the one next send from the heads of its queue (no
+payloads needed) and the topic's stream state:
+
+* a non-text item (document, photo, chat action) goes alone, in order;
+* leader notices and messages with buttons go alone, and they notify;
+* consecutive text items of one format are *coalesced*: packed whole into as few messages of 4,096
+  UTF-16 units as possible (a longer item was already split by the follower);
+* more than ``file_threshold`` units waiting (default: 3 messages' worth) go out as **one text
+  document** with the last lines as its caption;
+* a stream that keeps printing slowly grows its most recent message by **edits** (at most one every
+  ``edit_interval_ms`` per topic, while that message is younger than ``live_window_ms`` and has
+  room); otherwise a new message starts;
+* **notifications**: the first message of a burst notifies when everything waiting fits in it;
+  everything else of a stream is silent (edits never notify), and when the stream has been quiet for
+  ``quiet_ms`` it ends with one short notifying message (:class:`Ping`), so a phone buzzes once per
+  answer, not once per line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from topicbus.core.budget import Priority
+from topicbus.core.formatting import MAX_MESSAGE
+
+TEXT_KINDS = frozenset({"text", "notice"})
+SEPARATOR_UNITS = 1  # coalesced items are joined with one "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedItem:
+    """A pending outbox row as the planner sees it (no payload)."""
+
+    id: int
+    kind: str  # text | notice | chatAction | document | photo
+    units: int  # UTF-16 units of its text (0 for non-text)
+    fmt: str | None
+    priority: Priority
+    arrived_ms: int  # when the scheduler first saw it (its clock)
+    has_buttons: bool = False
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    max_message: int = MAX_MESSAGE
+    file_threshold: int = 3 * MAX_MESSAGE  # 0: never send output as a file
+    max_file_units: int = 2_000_000
+    live_window_ms: int = 60_000  # 0: never grow a message by edits
+    edit_interval_ms: int = 4_000
+    quiet_ms: int = 3_000
+
+
+@dataclass
+class LiveMessage:
+    """The topic's most recent output message, which a slow stream may still grow."""
+
+    message_id: int
+    fmt: str | None
+    raw: str
+    units: int
+    started_ms: int
+    last_edit_ms: int
+
+
+@dataclass
+class StreamState:
+    """What the planner remembers of one topic between sends (in memory; a restart starts afresh)."""
+
+    last_sent_ms: int | None = None  # the last message or edit
+    last_output_ms: int | None = None  # when the newest output it sent had arrived
+    owes_ping: bool = False  # something went out silently since the last notifying message
+    last_line: str = ""
+    live: LiveMessage | None = None
+
+
+# --- plans -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Single:
+    item: QueuedItem
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    items: tuple[QueuedItem, ...]
+    notify: bool
+
+
+@dataclass(frozen=True)
+class Extend:
+    items: tuple[QueuedItem, ...]
+
+
+@dataclass(frozen=True)
+class AsFile:
+    items: tuple[QueuedItem, ...]
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True)
+class Wait:
+    until_ms: int
+
+
+@dataclass(frozen=True)
+class Idle:
+    pass
+
+
+Plan = Single | NewMessage | Extend | AsFile | Ping | Wait | Idle
+
+
+def coalescible(queue: Sequence[QueuedItem]) -> list[QueuedItem]:
+    """The leading items that may share one message: output text of one format, no buttons."""
+    head = queue[0]
+    run = []
+    for item in queue:
+        if item.kind != "text" or item.fmt != head.fmt or item.has_buttons:
+            break
+        run.append(item)
+    return run
+
+
+def _units(items: Sequence[QueuedItem]) -> int:
+    return sum(i.units for i in items) + SEPARATOR_UNITS * max(0, len(items) - 1)
+
+
+def fitting(items: Sequence[QueuedItem], room: int) -> list[QueuedItem]:
+    """The leading items that fit, joined, in ``room`` UTF-16 units."""
+    taken: list[QueuedItem] = []
+    for item in items:
+        if _units([*taken, item]) > room:
+            break
+        taken.append(item)
+    return taken
+
+
+def plan(queue: Sequence[QueuedItem], stream: StreamState, now_ms: int, cfg: OutputConfig = OutputConfig()) -> Plan:
+    """The one next send for a topic (see the module docstring)."""
+    if not queue:
+        if stream.owes_ping and stream.last_sent_ms is not None:
+            due = max(stream.last_sent_ms, stream.last_output_ms or 0) + cfg.quiet_ms
+            return Ping() if now_ms >= due else Wait(due)
+        return Idle()
+    head = queue[0]
+    if head.kind not in TEXT_KINDS:
+        return Single(head)
+    if head.kind == "notice" or head.has_buttons:
+        return NewMessage((head,), notify=True)
+    run = coalescible(queue)
+    if cfg.file_threshold and _units(run) > cfg.file_threshold:
+        return AsFile(tuple(fitting(run, cfg.max_file_units) or run[:1]))
+    # A burst starts when this output came after the stream had been quiet (measured between outputs,
+    # not sends: output waiting for its edit turn is still the same stream).
+    burst_start = stream.last_output_ms is None or head.arrived_ms - stream.last_output_ms > cfg.quiet_ms
+    live = stream.live
+    if not burst_start and live is not None and cfg.live_window_ms and live.fmt == head.fmt \
+            and now_ms - live.started_ms < cfg.live_window_ms:
+        room = cfg.max_message - live.units - SEPARATOR_UNITS
+        if _units(run) <= room:
+            due = live.last_edit_ms + cfg.edit_interval_ms
+            return Extend(tuple(run)) if now_ms >= due else Wait(due)
+    packed = fitting(run, cfg.max_message) or run[:1]
+    return NewMessage(tuple(packed), notify=burst_start and len(packed) == len(run) == len(queue))
+
+
+@dataclass
+class TopicTurn:
+    """Bookkeeping after a send went out (the executor calls these; kept here so the rules live
+    in one place)."""
+
+    stream: StreamState = field(default_factory=StreamState)
+
+    def sent_message(self, now_ms: int, *, notify: bool, message_id: int | None, fmt: str | None, raw: str,
+                     units: int, growable: bool, arrived_ms: int | None = None) -> None:
+        s = self.stream
+        s.last_sent_ms = now_ms
+        if arrived_ms is not None:
+            s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
+        s.owes_ping = not notify
+        s.last_line = _last_line(raw) or s.last_line
+        s.live = LiveMessage(message_id, fmt, raw, units, now_ms, now_ms) \
+            if growable and message_id is not None else None
+
+    def extended(self, now_ms: int, raw: str, units: int, arrived_ms: int | None = None) -> None:
+        s = self.stream
+        assert s.live is not None
+        s.live.raw, s.live.units, s.live.last_edit_ms = raw, units, now_ms
+        s.last_sent_ms = now_ms
+        if arrived_ms is not None:
+            s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
+        s.owes_ping = True
+        s.last_line = _last_line(raw) or s.last_line
+
+    def pinged(self, now_ms: int) -> None:
+        s = self.stream
+        s.owes_ping = False
+        s.last_sent_ms = now_ms
+        s.live = None
+
+    def ping_text(self) -> str:
+        line = self.stream.last_line.strip()
+        return f"✓ {line[:100]}" if line else "✓"
+
+
+def _last_line(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        if line.strip():
+            return line
+    return ""

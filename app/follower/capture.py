@@ -1,0 +1,149 @@
+"""The child's output on its way to the topic: read, cleaned or rendered, batched, posted.
+
+:class:`OutputCapture` reads the child's output descriptors (stdout, and stderr with
+``--stderr topic``; the pty's master under ``--pty``), turns the bytes into text a person would
+see (:class:`~topicbus.follower.output.LineCleaner` per stream in pipe mode,
+:class:`~topicbus.follower.terminal.ScreenRenderer` under a pty) and feeds an
+:class:`~topicbus.follower.output.OutputBatcher`. :meth:`OutputCapture.post_loop` takes batches
+and posts them until the output has ended (:meth:`OutputCapture.finish`) and every batch is posted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from topicbus.follower.child import Child, FdReader
+from topicbus.follower.output import STDERR_MARK, LineCleaner, OutputBatcher
+from topicbus.follower.terminal import ScreenRenderer
+
+__all__ = ["OutputCapture"]
+
+#: After the child exits, output still readable is taken until the descriptors close, or nothing
+#: came for this long (a grandchild may hold them open for ever).
+EXIT_QUIET_S = 0.2
+
+
+class OutputCapture:
+    """See the module docstring."""
+
+    def __init__(self, child: Child, batcher: OutputBatcher, *, renderer: ScreenRenderer | None = None,
+                 quiet_s: float = 0.25, redraw_quiet_s: float = 2.0):
+        self._child = child
+        self.batcher = batcher
+        self.renderer = renderer
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._ended = False
+        self.last_output_at = self._loop.time()
+        self._cleaners: dict[str, LineCleaner] = {}
+        self._decoders: dict[str, codecs.IncrementalDecoder] = {}
+        self._readers: list[FdReader] = []
+        self._open = 0
+        self._all_closed = asyncio.Event()
+        streams = [("stdout", child.stdout_fd)]
+        if child.stderr_fd is not None:
+            streams.append(("stderr", child.stderr_fd))
+        for stream, fd in streams:
+            self._cleaners[stream] = LineCleaner(mark=STDERR_MARK if stream == "stderr" else "", quiet_s=quiet_s,
+                                                 redraw_quiet_s=redraw_quiet_s)
+            self._decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            self._open += 1
+            self._readers.append(FdReader(fd, lambda data, s=stream: self._on_data(s, data), self._on_eof))
+
+    # ---- input side -------------------------------------------------------------------------------
+
+    def _on_data(self, stream: str, data: bytes) -> None:
+        now = self._loop.time()
+        self.last_output_at = now
+        if self.renderer is not None:
+            self.batcher.feed(self.renderer.feed(data, now), now)
+        else:
+            text = self._decoders[stream].decode(data)
+            cleaned = self._cleaners[stream].feed(text)
+            for other, cleaner in self._cleaners.items():  # keep the order across streams
+                if other != stream and cleaned and cleaner.has_partial:
+                    self.batcher.feed(cleaner.take_partial(0, force=True) + "\n", now)
+            self.batcher.feed(cleaned, now)
+        self.batcher.touch(now)
+        self._wake.set()
+
+    def _on_eof(self) -> None:
+        self._open -= 1
+        if self._open <= 0:
+            self._all_closed.set()
+        self._wake.set()
+
+    def expect_echo(self, text: str) -> None:
+        if self.renderer is not None:
+            self.renderer.expect_echo(text)
+
+    async def drain_after_exit(self, cap_s: float = 2.0) -> None:
+        """The child has exited: take what is still readable, until the descriptors close, nothing
+        came for :data:`EXIT_QUIET_S`, or ``cap_s`` passed; then stop reading."""
+        deadline = self._loop.time() + cap_s
+        while not self._all_closed.is_set():
+            now = self._loop.time()
+            if now >= deadline or now - self.last_output_at >= EXIT_QUIET_S:
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(deadline, self.last_output_at + EXIT_QUIET_S) - now):
+                    await self._all_closed.wait()
+        self.stop_reading()
+
+    def stop_reading(self) -> None:
+        for reader in self._readers:
+            reader.stop()
+
+    def finish(self) -> None:
+        """No more output will come: everything pending becomes postable."""
+        self.stop_reading()
+        now = self._loop.time()
+        for stream, decoder in self._decoders.items():
+            self.batcher.feed(self._cleaners[stream].feed(decoder.decode(b"", final=True)), now)
+        self._take_partials(now, force=True)
+        self._ended = True
+        self._wake.set()
+
+    # ---- posting ----------------------------------------------------------------------------------
+
+    def _take_partials(self, now: float, force: bool = False) -> None:
+        quiet_for = now - self.last_output_at
+        if self.renderer is not None:
+            self.batcher.feed(self.renderer.take_partial(quiet_for, now, force=force), self.last_output_at)
+            return
+        for cleaner in self._cleaners.values():
+            self.batcher.feed(cleaner.take_partial(quiet_for, force=force), self.last_output_at)
+
+    def _next_wake(self) -> float | None:
+        times = [self.batcher.deadline()]
+        if self.renderer is not None:
+            times.append(self.renderer.next_due(self.last_output_at))
+        else:
+            for cleaner in self._cleaners.values():
+                if cleaner.has_partial:
+                    times.append(self.last_output_at + cleaner.quiet_s)
+                    times.append(self.last_output_at + cleaner.redraw_quiet_s)
+        due = [t for t in times if t is not None and t > self._loop.time()]
+        return min(due) if due else None
+
+    async def post_loop(self, post: Callable[[str, bool], Awaitable[None]]) -> None:
+        """Post batches with ``post(text, last)`` (``last``: nothing else is pending, the output
+        paused there) until :meth:`finish` was called and everything is posted."""
+        while True:
+            self._wake.clear()
+            now = self._loop.time()
+            if not self._ended:
+                self._take_partials(now)
+            if self.batcher.ready(now) or (self._ended and self.batcher.has_pending):
+                batch = self.batcher.take() or ""
+                await post(batch, not self.batcher.has_pending)
+                continue
+            if self._ended:
+                return
+            wake_at = self._next_wake()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if wake_at is None else max(0.0, wake_at - self._loop.time())):
+                    await self._wake.wait()

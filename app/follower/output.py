@@ -1,0 +1,288 @@
+"""What `topicbus follow` does with a child's output in pipe mode, and how output is cut into posts.
+
+Pure (no I/O; the caller passes the time):
+
+* :class:`LineCleaner` — one output stream in pipe mode: ANSI escape sequences removed, ``\\r``
+  (carriage return) and backspaces applied within a line, so that a progress bar or a spinner shows
+  only its final state, other control characters dropped. Complete lines are released at once; the
+  line still being written (a prompt, a bar) is held until the stream has been quiet for a while.
+* :class:`OutputBatcher` — cleaned text waiting to be posted, cut into batches.
+* :func:`yes_no_buttons` — the Yes/No buttons for output that stops at a yes/no prompt.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+__all__ = [
+    "MAX_PENDING_BYTES",
+    "STDERR_MARK",
+    "LineCleaner",
+    "OutputBatcher",
+    "dropped_marker",
+    "render_line",
+    "strip_escapes",
+    "yes_no_buttons",
+]
+
+MAX_PENDING_BYTES = 4 * 1024 * 1024
+#: Put before each stderr line (``--stderr topic``), so that errors stand apart from stdout.
+STDERR_MARK = "⚠ "
+
+# ECMA-48 sequences: CSI (ESC [ … final), OSC (ESC ] … BEL or ST), DCS/SOS/PM/APC (… ST), two-byte
+# escapes (ESC + one char, or ESC + intermediates + final).
+_ESCAPE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"
+    r"|\x1b[PX^_][^\x1b]*\x1b\\"
+    r"|\x1b[ -/]*[0-~]"
+    r"|\x9b[0-?]*[ -/]*[@-~]"
+)
+_INCOMPLETE_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*|[PX^_][^\x1b]*|[ -/]*)?$")
+_SPECIAL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
+_REDRAW = re.compile(r"\r(?!\n|$)|\x08")
+
+
+def strip_escapes(text: str) -> str:
+    """``text`` without ANSI escape sequences (colours, cursor moves, titles…)."""
+    return _ESCAPE.sub("", text) if "\x1b" in text or "\x9b" in text else text
+
+
+def render_line(raw: str) -> str:
+    """One line as a terminal would leave it: escapes removed, ``\\r`` returns to the start of the
+    line and later characters overwrite earlier ones, a backspace moves one column back, other
+    control characters (bell…) are dropped, tabs kept; trailing spaces removed."""
+    text = strip_escapes(raw)
+    if not _SPECIAL.search(text):
+        return text.rstrip()
+    cells: list[str] = []
+    col = 0
+    for ch in text:
+        if ch == "\r":
+            col = 0
+        elif ch == "\b":
+            col = max(0, col - 1)
+        elif ch != "\t" and (ch < " " or ch in "\x7f\x9b"):
+            continue
+        else:
+            if col < len(cells):
+                cells[col] = ch
+            else:
+                cells.append(ch)
+            col += 1
+    return "".join(cells).rstrip()
+
+
+class LineCleaner:
+    """One pipe-mode output stream, cleaned line by line (see the module docstring).
+
+    * :meth:`feed` returns the complete lines (each ending in ``"\\n"``) the new text finished.
+    * :meth:`take_partial` returns the line still being written when the stream has been quiet for
+      ``quiet_s`` (``redraw_quiet_s`` when that line is being redrawn with ``\\r`` or backspaces: a
+      progress bar is posted only once it stops), and starts a new fragment of that line.
+    * ``mark`` is put before every line (the stderr mark), and before the rest of a line whose start
+      was taken as a partial (it is posted apart, so it is marked again).
+    """
+
+    def __init__(self, *, mark: str = "", quiet_s: float = 0.25, redraw_quiet_s: float = 2.0):
+        self.mark = mark
+        self.quiet_s = quiet_s
+        self.redraw_quiet_s = redraw_quiet_s
+        self._partial = ""
+
+    @property
+    def has_partial(self) -> bool:
+        return bool(self._partial)
+
+    def feed(self, text: str) -> str:
+        if "\n" not in text:
+            self._partial += text
+            return ""
+        head, _, tail = (self._partial + text).rpartition("\n")
+        out = []
+        for raw in head.split("\n"):
+            out.append(self._line(raw) + "\n")
+        self._partial = tail
+        return "".join(out)
+
+    def take_partial(self, quiet_for: float, *, force: bool = False) -> str:
+        """The pending fragment (cleaned, without newline), if due; ``""`` when there is nothing."""
+        if not self._partial:
+            return ""
+        limit = self.redraw_quiet_s if _REDRAW.search(self._partial) else self.quiet_s
+        if not force and quiet_for < limit:
+            return ""
+        raw = _INCOMPLETE_ESCAPE.sub("", self._partial)
+        self._partial = ""
+        return self._line(raw)
+
+    def _line(self, raw: str) -> str:
+        text = render_line(raw)
+        return self.mark + text if self.mark and text else text
+
+
+def dropped_marker(dropped_bytes: int) -> str:
+    return f"[… {dropped_bytes} bytes of output dropped while the leader was unreachable]"
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+class OutputBatcher:
+    """Cleaned output waiting to be posted, cut into batches. Pure: the caller passes the time.
+
+    * :meth:`ready` — a batch is due when at least ``max_batch_chars`` characters are pending, when
+      nothing was fed for ``flush_interval_s`` (the output paused), or ``max_delay_s`` after the
+      first pending character (a stream that never pauses is still posted regularly).
+    * :meth:`take` — the next batch: at most ``max_batch_chars`` characters, cut after the last
+      ``"\\n"`` within that window when there is one (the newline stays in the batch), else hard.
+    * Bounded memory: when more than ``max_pending_bytes`` (UTF-8) are pending — the leader is
+      unreachable or slower than the child — the **oldest** pending output is dropped (cut at a
+      character boundary) so that exactly ``max_pending_bytes`` of the newest output is kept, and
+      the next :meth:`take` returns one marker, :func:`dropped_marker`, with the number of bytes
+      dropped (drops until that marker is taken add up into the same single marker), before the
+      kept output.
+    """
+
+    def __init__(self, *, max_batch_chars: int = 3500, flush_interval_s: float = 0.25,
+                 max_delay_s: float = 1.0, max_pending_bytes: int = MAX_PENDING_BYTES):
+        if max_batch_chars < 1:
+            raise ValueError("max_batch_chars must be at least 1")
+        if max_pending_bytes < 1:
+            raise ValueError("max_pending_bytes must be at least 1")
+        self.max_batch_chars = max_batch_chars
+        self.flush_interval_s = flush_interval_s
+        self.max_delay_s = max(max_delay_s, flush_interval_s)
+        self.max_pending_bytes = max_pending_bytes
+        self._segments: deque[str] = deque()
+        self._chars = 0
+        self._bytes = 0
+        self._first_at: float | None = None
+        self._last_at: float | None = None
+        self._dropped = 0
+
+    @property
+    def pending_chars(self) -> int:
+        return self._chars
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def dropped_bytes(self) -> int:
+        """Bytes dropped since the last marker was taken."""
+        return self._dropped
+
+    @property
+    def has_pending(self) -> bool:
+        return self._chars > 0 or self._dropped > 0
+
+    def feed(self, text: str, now: float) -> None:
+        if not text:
+            return
+        self._segments.append(text)
+        self._chars += len(text)
+        self._bytes += _utf8_len(text)
+        if self._first_at is None:
+            self._first_at = now
+        self._last_at = now
+        self._enforce_bound()
+
+    def touch(self, now: float) -> None:
+        """Output came that is not pending here yet (a line still being written): the pause that
+        makes a batch due starts again, so a prompt can join the lines before it."""
+        if self._chars:
+            self._last_at = max(self._last_at or now, now)
+
+    def ready(self, now: float) -> bool:
+        if self._dropped:
+            return True
+        if not self._chars:
+            return False
+        deadline = self.deadline()
+        return self._chars >= self.max_batch_chars or (deadline is not None and now >= deadline)
+
+    def deadline(self) -> float | None:
+        """When the pending output becomes due by time (None when nothing is pending)."""
+        if self._first_at is None or self._last_at is None:
+            return None
+        return min(self._last_at + self.flush_interval_s, self._first_at + self.max_delay_s)
+
+    def take(self) -> str | None:
+        """The next batch (see the class docstring), or None when nothing is pending."""
+        if self._dropped:
+            marker = dropped_marker(self._dropped)
+            self._dropped = 0
+            return marker
+        if not self._chars:
+            return None
+        limit = self.max_batch_chars
+        parts: list[str] = []
+        length = 0
+        while self._segments and length < limit + 1:
+            segment = self._segments.popleft()
+            parts.append(segment)
+            length += len(segment)
+        text = "".join(parts)
+        if len(text) <= limit:
+            batch, rest = text, ""
+        else:
+            newline = text.rfind("\n", 0, limit)
+            cut = newline + 1 if newline >= 0 else limit
+            batch, rest = text[:cut], text[cut:]
+        if rest:
+            self._segments.appendleft(rest)
+        self._chars -= len(batch)
+        self._bytes -= _utf8_len(batch)
+        if not self._chars:
+            self._first_at = self._last_at = None
+            self._bytes = 0
+        return batch
+
+    def _enforce_bound(self) -> None:
+        while self._bytes > self.max_pending_bytes and self._segments:
+            excess = self._bytes - self.max_pending_bytes
+            oldest = self._segments[0]
+            size = _utf8_len(oldest)
+            if size <= excess:
+                self._segments.popleft()
+                self._chars -= len(oldest)
+                self._bytes -= size
+                self._dropped += size
+                continue
+            raw = oldest.encode("utf-8", "surrogatepass")
+            cut = excess
+            while cut < len(raw) and (raw[cut] & 0xC0) == 0x80:  # never split a character
+                cut += 1
+            kept = raw[cut:].decode("utf-8", "surrogatepass")
+            self._chars -= len(oldest) - len(kept)
+            self._bytes -= cut
+            self._dropped += cut
+            if kept:
+                self._segments[0] = kept
+            else:
+                self._segments.popleft()
+        if not self._chars:
+            self._first_at = self._last_at = None
+
+
+# ---- yes/no prompts ---------------------------------------------------------------------------
+
+_PROMPT = re.compile(r"(\[y/n\]|\(y/n\)|\(yes/no\)|\[yes/no\])\s*[:?]?\s*$", re.IGNORECASE)
+
+
+def yes_no_buttons(text: str) -> list[list[dict[str, str]]] | None:
+    """Yes/No buttons (send-message ``buttons``) when ``text`` ends at a yes/no prompt, else None.
+
+    ``[y/N]``, ``[Y/n]``, ``[y/n]`` and ``(y/n)`` answer ``y`` / ``n``; ``(yes/no)`` answers ``yes`` /
+    ``no``. Only the last line counts, and only when nothing follows the prompt."""
+    last = text.rstrip("\n").rpartition("\n")[2]
+    match = _PROMPT.search(last)
+    if match is None:
+        return None
+    long_form = "yes" in match.group(1).lower()
+    yes, no = ("yes", "no") if long_form else ("y", "n")
+    return [[{"text": "Yes", "data": yes}, {"text": "No", "data": no}]]

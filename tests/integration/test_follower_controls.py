@@ -1,0 +1,108 @@
+"""FollowerClient: control and button deliveries, their capabilities, declined items, stop_receiving."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from topicbus.follower.client import ButtonPress, Control, Delivery, DeliveryDeclined, FollowerClient
+from topicbus.protocol import CAP_BUTTON, CAP_CONTROL
+from tests.fakeleader import FakeLeader
+from tests.support.waiting import wait_until
+
+
+@pytest.fixture
+async def leader() -> AsyncIterator[FakeLeader]:
+    async with FakeLeader() as server:
+        yield server
+
+
+def make_client(leader: FakeLeader, **kwargs) -> FollowerClient:
+    options = dict(leader_url=leader.url, secret=leader.secret, cwd="/tmp/work", name="agent",
+                   heartbeat_interval_s=0.05, request_timeout_s=1.0, backoff_initial_s=0.02, backoff_max_s=0.1)
+    options.update(kwargs)
+    return FollowerClient(**options)
+
+
+def receipt_ids(leader: FakeLeader) -> list[str]:
+    return [r["requestId"] for r in leader.receipts]
+
+
+async def test_capabilities_follow_the_callbacks(leader: FakeLeader) -> None:
+    async def noop(_: object) -> None:
+        return None
+
+    async with make_client(leader) as client:
+        await client.wait_registered(timeout=5)
+        assert CAP_CONTROL not in leader.follower_capabilities() and CAP_BUTTON not in leader.follower_capabilities()
+    async with make_client(leader, on_control=noop, on_button=noop) as client:
+        await client.wait_registered(timeout=5)
+        assert CAP_CONTROL in client.capabilities and CAP_BUTTON in client.capabilities
+        assert CAP_CONTROL in leader.follower_capabilities() and CAP_BUTTON in leader.follower_capabilities()
+
+
+async def test_controls_and_buttons_reach_their_callbacks_once(leader: FakeLeader) -> None:
+    controls: list[Control] = []
+    presses: list[ButtonPress] = []
+
+    async def on_control(control: Control) -> None:
+        controls.append(control)
+
+    async def on_button(press: ButtonPress) -> None:
+        presses.append(press)
+
+    async with make_client(leader, on_control=on_control, on_button=on_button) as client:
+        await client.wait_registered(timeout=5)
+        first = await leader.control("interrupt")
+        await leader.control("interrupt", delivery_id=first)  # a duplicate is acknowledged, not handed over
+        pressed = await leader.button("y", message_id=55)
+        await wait_until(lambda: len(leader.receipts) == 3, timeout=5, message="receipts")
+    assert [(c.delivery_id, c.action) for c in controls] == [(first, "interrupt")]
+    assert presses == [ButtonPress(delivery_id=pressed, data="y", message_id=55, from_user_id=1)]
+
+
+async def test_a_control_is_not_stuck_behind_a_message_that_waits(leader: FakeLeader) -> None:
+    release = asyncio.Event()
+    controls: list[str] = []
+
+    async def on_delivery(delivery: Delivery) -> None:
+        await release.wait()  # the agent does not take this message yet
+
+    async def on_control(control: Control) -> None:
+        controls.append(control.action)
+
+    async with make_client(leader, on_delivery=on_delivery, on_control=on_control) as client:
+        await client.wait_registered(timeout=5)
+        message = await leader.deliver("long job")
+        control = await leader.control("kill")
+        await wait_until(lambda: controls == ["kill"], timeout=5, message="the control while a message waits")
+        assert receipt_ids(leader) == [control]
+        release.set()
+        await wait_until(lambda: message in receipt_ids(leader), timeout=5, message="the message's receipt")
+
+
+async def test_declined_items_stay_unacknowledged_and_redeliver_registers_again(leader: FakeLeader) -> None:
+    taken: list[str] = []
+
+    async def on_delivery(delivery: Delivery) -> None:
+        if delivery.text == "no":
+            raise DeliveryDeclined("not now")
+        taken.append(delivery.text or "")
+
+    async with make_client(leader, on_delivery=on_delivery) as client:
+        await client.wait_registered(timeout=5)
+        declined = await leader.deliver("no")
+        accepted = await leader.deliver("yes")
+        await wait_until(lambda: accepted in receipt_ids(leader), timeout=5, message="receipt")
+        assert declined not in receipt_ids(leader)
+        client.redeliver()
+        await wait_until(lambda: len(leader.registrations) == 2, timeout=5, message="a new registration")
+        client.stop_receiving()
+        late = await leader.deliver("late")
+        extra = await leader.deliver("yes")
+        beats = len(leader.heartbeats)  # witness: answered heartbeats after both frames were read
+        await wait_until(lambda: len(leader.heartbeats) >= beats + 3, timeout=5, message="heartbeats after them")
+        assert late not in receipt_ids(leader) and extra not in receipt_ids(leader)
+    assert taken == ["yes"]

@@ -1,0 +1,91 @@
+"""A topic's next send: coalescing, files, growing messages, notifications (pure)."""
+
+from __future__ import annotations
+
+from topicbus.core.budget import Priority
+from topicbus.core.output import (AsFile, Extend, Idle, LiveMessage, NewMessage, OutputConfig, Ping, QueuedItem,
+                                  Single, StreamState, TopicTurn, Wait, plan)
+
+CFG = OutputConfig(max_message=100, file_threshold=300, live_window_ms=60_000, edit_interval_ms=4_000, quiet_ms=3_000)
+
+
+def text(item_id: int, units: int = 10, *, fmt: str | None = "pre", kind: str = "text",
+         buttons: bool = False, arrived_ms: int = 10_000) -> QueuedItem:
+    priority = Priority.CONTROL if kind == "notice" else Priority.OUTPUT
+    return QueuedItem(item_id, kind, units, fmt, priority, arrived_ms, buttons)
+
+
+def streaming(*, last_output_ms: int, live_units: int = 20, started_ms: int = 0, last_edit_ms: int = 0) -> StreamState:
+    return StreamState(last_sent_ms=last_output_ms, last_output_ms=last_output_ms,
+                       live=LiveMessage(7, "pre", "x" * live_units, live_units, started_ms, last_edit_ms))
+
+
+def test_an_answer_that_fits_goes_at_once_and_notifies() -> None:
+    step = plan([text(1), text(2)], StreamState(), 10_000, CFG)
+    assert step == NewMessage((text(1), text(2)), notify=True)
+
+
+def test_items_are_packed_whole_up_to_the_message_size_and_the_rest_waits() -> None:
+    queue = [text(i, 30) for i in range(1, 6)]  # 5 × 30 units + separators
+    step = plan(queue, StreamState(), 10_000, CFG)
+    assert step == NewMessage(tuple(queue[:3]), notify=False)  # 30+1+30+1+30 = 92 ≤ 100; more is waiting
+
+
+def test_formats_notices_buttons_and_files_are_never_mixed_into_one_message() -> None:
+    assert plan([text(1), text(2, fmt="markdown")], StreamState(), 0, CFG) == NewMessage((text(1),), notify=False)
+    assert plan([text(1, kind="notice"), text(2)], StreamState(), 0, CFG) == NewMessage(
+        (text(1, kind="notice"),), notify=True)
+    assert plan([text(1, buttons=True), text(2)], StreamState(), 0, CFG) == NewMessage(
+        (text(1, buttons=True),), notify=True)
+    document = QueuedItem(1, "document", 0, None, Priority.OUTPUT, 0)
+    assert plan([document, text(2)], StreamState(), 0, CFG) == Single(document)
+
+
+def test_a_long_backlog_becomes_one_file() -> None:
+    queue = [text(i, 50) for i in range(1, 9)]  # 8 × 50 units > 300
+    assert plan(queue, StreamState(), 0, CFG) == AsFile(tuple(queue))
+    assert plan(queue, StreamState(), 0, OutputConfig(max_message=100, file_threshold=0)) == NewMessage(
+        tuple(queue[:1]), notify=False)  # 0 turns files off
+
+
+def test_a_slow_stream_grows_its_message_by_edits_at_most_every_interval() -> None:
+    stream = streaming(last_output_ms=9_000, last_edit_ms=8_000)
+    assert plan([text(1)], stream, 10_000, CFG) == Wait(12_000)
+    # Waiting for the edit turn does not end the stream: the burst is measured between outputs.
+    assert plan([text(1)], stream, 12_000, CFG) == Extend((text(1),))
+
+
+def test_no_edit_when_the_message_is_full_old_or_the_stream_had_paused() -> None:
+    assert plan([text(1, 90)], streaming(last_output_ms=9_000), 12_000, CFG) == NewMessage(
+        (text(1, 90),), notify=False)
+    old = streaming(last_output_ms=61_000, started_ms=0)
+    assert isinstance(plan([text(1, arrived_ms=62_000)], old, 62_000, CFG), NewMessage)
+    paused = streaming(last_output_ms=1_000)  # the output came more than 3 s after the last: a new answer
+    assert plan([text(1)], paused, 12_000, CFG) == NewMessage((text(1),), notify=True)
+    assert isinstance(plan([text(1)], streaming(last_output_ms=9_000), 12_000,
+                           OutputConfig(max_message=100, live_window_ms=0)), NewMessage)
+
+
+def test_a_silent_stream_ends_with_one_ping_after_the_quiet_time() -> None:
+    turn = TopicTurn()
+    turn.sent_message(1_000, notify=False, message_id=5, fmt="pre", raw="a\nlast line", units=11, growable=True,
+                      arrived_ms=900)
+    assert plan([], turn.stream, 2_000, CFG) == Wait(4_000)
+    assert plan([], turn.stream, 4_000, CFG) == Ping()
+    assert turn.ping_text() == "✓ last line"
+    turn.pinged(4_000)
+    assert plan([], turn.stream, 9_000, CFG) == Idle()
+
+
+def test_a_notifying_message_owes_no_ping_and_an_edit_does() -> None:
+    turn = TopicTurn()
+    turn.sent_message(1_000, notify=True, message_id=5, fmt="pre", raw="4", units=1, growable=True)
+    assert plan([], turn.stream, 10_000, CFG) == Idle()
+    turn.extended(2_000, "4\n5", 3)
+    assert plan([], turn.stream, 10_000, CFG) == Ping()
+
+
+def test_only_growable_messages_become_live() -> None:
+    turn = TopicTurn()
+    turn.sent_message(1_000, notify=True, message_id=5, fmt=None, raw="hi", units=2, growable=False)
+    assert turn.stream.live is None
