@@ -18,12 +18,13 @@ async def test_an_agent_restarted_after_a_failed_delete_talks_in_an_open_topic(c
     os.killpg(follower.pid, signal.SIGKILL)  # the wrapper and its agent
     await follower.wait()
 
-    async def cleanup_pending():
+    async def delete_failed():
         snapshot = await cluster.status()
-        return snapshot and any(c["threadId"] == thread for c in snapshot["pendingCleanups"])
+        return (snapshot and any(c["threadId"] == thread and c["lastError"] for c in snapshot["pendingCleanups"])
+                and [c.status for c in cluster.fake.calls_to("deleteForumTopic")] == [500])
 
     # Pruned after FOLLOWER_STALE_AFTER_MS (1.5 s in the harness), proven dead, closed, delete failed.
-    await cluster.wait_for(cleanup_pending, 20, "the cleanup intent kept after the failed delete")
+    await cluster.wait_for(delete_failed, 20, "the cleanup intent kept after the failed delete")
     assert cluster.fake.topic(CHAT_ID, thread).closed
 
     await cluster.start_follower(work)
