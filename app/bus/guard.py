@@ -8,12 +8,12 @@ they use any other (``aiohttp.web.SockSite``), so the guard sees every connectio
 included, and never depends on the HTTP server's internals.
 
 * **Total cap.** At most ``max_connections`` sockets are open. A new connection beyond it takes
-  the place of the oldest unauthenticated one; when every connection is authenticated, the new one
-  is refused (closed at once).
+  the place of the oldest *idle* unauthenticated one; when there is none, the new one is refused
+  (closed at once).
 * **Unauthenticated cap.** A connection is *unauthenticated* until one of its requests carries the
-  bus secret. Beyond ``max_unauthenticated`` such connections, the oldest is dropped: a flood of
-  idle sockets can delay nobody, because a real client sends its request head at once and is the
-  youngest.
+  bus secret. Beyond ``max_unauthenticated`` such connections, the oldest idle one is dropped. Idle
+  means nothing is waiting to be read on it: a client that has sent its request is about to be
+  served and is never pushed out, while a flood of silent sockets cannot keep anyone out.
 * **Head deadline.** A connection that has not delivered a complete HTTP request head (TLS
   handshake included) within ``head_timeout_s`` is dropped.
 * **Accept errors.** When the process runs out of file descriptors, asyncio pauses accepting for
@@ -184,23 +184,22 @@ class ConnectionGuard:
         """A new connection: make room by the rules in the module docstring, or refuse it."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        if len(self._open) >= self.max_connections:
-            victim = self._oldest_unauthenticated()
+        full = len(self._open) >= self.max_connections
+        if full or len(self._unauthenticated) >= self.max_unauthenticated:
+            victim = self._idle_unauthenticated()
             if victim is None:
                 self.refused += 1
+                what = (f"{self.max_connections} connections are open (TOPICBUS_BUS_MAX_CONNECTIONS)" if full else
+                        f"{self.max_unauthenticated} unauthenticated connections are busy "
+                        "(TOPICBUS_BUS_MAX_UNAUTHENTICATED)")
                 self._throttle("refused", logger.bind(phase="bus-limits").warning,
-                               f"refused a connection: {self.max_connections} connections are open and all "
-                               "are authenticated (TOPICBUS_BUS_MAX_CONNECTIONS)")
+                               f"refused a connection: {what}, none of them idle")
                 return False
-            self._drop(victim, "connection limit")
+            self._drop(victim, "connection limit" if full else "unauthenticated limit")
         record = _Record(sock, sock.fileno(), self._clock())
         sock.guard, sock.guard_record = self, record
         self._open[record.fd] = record
         self._unauthenticated[record.fd] = record
-        while len(self._unauthenticated) > self.max_unauthenticated:
-            victim = self._oldest_unauthenticated()
-            assert victim is not None
-            self._drop(victim, "unauthenticated limit")
         record.timer = self._loop.call_later(self.head_timeout_s, self._head_overdue, record)
         return True
 
@@ -228,8 +227,19 @@ class ConnectionGuard:
             return None
         return self._open.get(fd)
 
-    def _oldest_unauthenticated(self) -> _Record | None:
-        return next(iter(self._unauthenticated.values()), None)
+    def _idle_unauthenticated(self) -> _Record | None:
+        """The oldest unauthenticated connection with nothing waiting to be read: one that has
+        sent bytes the server has not read yet is about to be served, and is passed over."""
+        for record in self._unauthenticated.values():
+            try:
+                waiting = record.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return record  # silent
+            except OSError:
+                return record  # broken
+            if not waiting:
+                return record  # closed by the peer
+        return None
 
     def _head_overdue(self, record: _Record) -> None:
         record.timer = None

@@ -73,6 +73,17 @@ class RawWebSocket:
         self._send_lock = threading.Lock()
         self.status: int | None = None
 
+    @classmethod
+    def upgraded(cls, port: int, **options: Any) -> RawWebSocket:
+        """Connect and upgrade at once (blocking): a client that sends its request head right after
+        connecting, as real clients do, so a flood of idle connections cannot push it out first."""
+        ws = cls(port, **options)
+        status = ws.handshake()
+        if status != 101:
+            ws.close()
+            raise ConnectionError(f"upgrade refused: HTTP {status}")
+        return ws
+
     # --- HTTP upgrade ----------------------------------------------------------------------------
     def handshake(self, secret: str | bytes | None = SECRET, path: str = "/v1/bus") -> int:
         key = base64.b64encode(os.urandom(16))
