@@ -76,12 +76,13 @@ class TlsConfigurationError(Exception):
 
 def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     """The server-side TLS context for ``wss://``/``https://`` (TLS 1.2 or newer)."""
+    for path in (cert, key):
+        if not Path(path).is_file():
+            raise TlsConfigurationError(f"TLS file not found: {path}")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         context.load_cert_chain(str(cert), str(key))
-    except FileNotFoundError as exc:
-        raise TlsConfigurationError(f"TLS file not found: {exc.filename}") from None
     except (ssl.SSLError, OSError) as exc:
         raise TlsConfigurationError(
             f"cannot load the TLS certificate {cert} with key {key}: {getattr(exc, 'reason', None) or exc}") from None
