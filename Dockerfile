@@ -45,7 +45,7 @@ EXPOSE 8765
 
 # /healthz answers 200 for a polling leader and for a standby, 503 with reasons while a leader is
 # starting, has not completed a poll in time, cannot refresh its lease or write its journal
-# (docs/operations.md#health). urlopen raises on 503 or no answer, which exits 1. With
+# (docs/operations.md#health-reasons). urlopen raises on 503 or no answer, which exits 1. With
 # TOPICBUS_BUS_TLS_CERT set it asks over https; the certificate is not checked on this loopback call.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, ssl, sys, urllib.request; port = os.environ.get('TOPICBUS_BUS_PORT', '8765'); tls = bool(os.environ.get('TOPICBUS_BUS_TLS_CERT')); url = ('https' if tls else 'http') + '://127.0.0.1:' + port + '/healthz'; sys.exit(0 if urllib.request.urlopen(url, timeout=4, context=ssl._create_unverified_context() if tls else None).status == 200 else 1)"]
