@@ -13,7 +13,8 @@ import urllib.request
 from collections.abc import Sequence
 
 from topicbus import __version__
-from topicbus.settings import ENV_PREFIX, ConfigurationError, Settings, load_settings, missing_leader_variables
+from topicbus.settings import (ENV_PREFIX, ConfigurationError, Settings, load_settings, missing_env_file_hint,
+                               missing_leader_variables)
 
 EXIT_CONFIG = 2
 
@@ -128,7 +129,12 @@ def _settings_or_exit(*, leader: bool = False) -> Settings:
 
 
 def _config_exit(problems: Sequence[str]) -> None:
-    print("topicbus: invalid configuration:", file=sys.stderr)
+    """Exit 2 with one line per problem. When a variable is missing (or still the example's) and
+    there is no ``.env`` here, the heading says so and how to create one."""
+    missing = any(": required" in line or "placeholder from .env.example" in line for line in problems)
+    hint = missing_env_file_hint() if missing else None
+    print(f"topicbus: invalid configuration ({hint}):" if hint else "topicbus: invalid configuration:",
+          file=sys.stderr)
     for line in problems:
         print(f"  {line}", file=sys.stderr)
     sys.exit(EXIT_CONFIG)
@@ -202,7 +208,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
         _config_exit(["follow: a command is required: topicbus follow [OPTIONS] -- CMD [ARGS...]"])
     secret = _secret(args, settings, "follow")
     if not secret:
-        _config_exit([f"{ENV_PREFIX}BUS_SECRET: required (or --secret-file)"])
+        _config_exit([settings.placeholder_problem("bus_secret") if settings.is_placeholder("bus_secret")
+                      else f"{ENV_PREFIX}BUS_SECRET: required (the leader's secret; or --secret-file)"])
     leader_url = args.leader or settings.leader_url
     if not leader_url.startswith(("ws://", "wss://")):
         _config_exit(["--leader: must start with ws:// or wss://"])

@@ -59,7 +59,10 @@ async def sleep_or_stop(seconds: float, stop: asyncio.Event | None = None) -> bo
         await asyncio.sleep(seconds)
         return True
     try:
-        await asyncio.wait_for(stop.wait(), seconds)
+        # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives as ``stop``
+        # is set (gh-86296), and whoever cancels this task would wait for it for ever.
+        async with asyncio.timeout(seconds):
+            await stop.wait()
     except TimeoutError:
         return True
     return False

@@ -7,15 +7,24 @@ problem, naming the variable and never echoing its value.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from topicbus.core.display import DisplayMode
 
 ENV_PREFIX = "TOPICBUS_"
+
+# Values a newcomer copies from .env.example without filling in. They are taken as "not set" (so a
+# follower machine with an untouched TOPICBUS_CHAT_ID still runs) and named where they are needed.
+PLACEHOLDER_PREFIX = "replace-with"
+OLD_PLACEHOLDERS = {"owner_ids": "123456789"}  # .env.example of topicbus 0.2
+PLACEHOLDER_FIELDS = ("bot_token", "chat_id", "owner_ids", "bus_secret")
+BOT_TOKEN_SHAPE = re.compile(r"\d+:[A-Za-z0-9_-]+")
+SUPERGROUP_PREFIX = "-100"
 
 
 class Settings(BaseSettings):
@@ -38,12 +47,14 @@ class Settings(BaseSettings):
     rate_limit_per_second: float = Field(default=30.0, gt=0)
     rate_limit_per_chat_per_minute: float = Field(default=20.0, gt=0)
     rate_limit_per_chat_per_second: float = Field(default=1.0, gt=0)
+    rate_limit_window_s: float = Field(default=60.0, gt=0)  # Telegram's minute; shorter only to compress time
     budget_reserve: int = Field(default=4, ge=0)
 
     # --- leader: how output looks ------------------------------------------------------------
     output_file_threshold: int = Field(default=3 * 4096, ge=0)  # UTF-16 units; 0: never a file
     live_message_s: float = Field(default=60.0, ge=0)  # 0: never grow a message by edits
     stream_quiet_s: float = Field(default=3.0, gt=0)
+    output_coalesce: bool = True  # False: one message per output item, as the first release (comparisons)
     outbox_max_items: int = Field(default=1000, gt=0)  # per follower
     outbox_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # per follower
 
@@ -60,7 +71,11 @@ class Settings(BaseSettings):
     lease_refresh_ms: int = Field(default=2_000, gt=0)
     lease_stale_after_ms: int = Field(default=8_000, gt=0)
     thread_cleanup: bool = True
-    display_mode: DisplayMode = DisplayMode.LETTERS
+    display_mode: DisplayMode | None = None  # None: the database's default (names when new)
+
+    # --- leader: inbound ---------------------------------------------------------------------
+    offline_ttl_s: float = Field(default=86_400.0, gt=0)  # messages for an offline agent expire after this
+    receipt_reaction: str = "👀"  # reaction on an owner message once its agent has it; "off": none
 
     # --- follower side ----------------------------------------------------------------------
     leader_url: str = "ws://127.0.0.1:8765/v1/bus"
@@ -83,6 +98,25 @@ class Settings(BaseSettings):
     bus_write_timeout_s: float = Field(default=10.0, gt=0)
     bus_send_queue_kb: int = Field(default=1024, ge=64)
     health_poll_deadline_s: float = Field(default=60.0, gt=0)
+
+    _placeholders: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _set_aside_placeholders(cls, data: Any, handler: Any) -> Settings:
+        found = set()
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in PLACEHOLDER_FIELDS:
+                value = data.get(name)
+                if isinstance(value, str) and (value.strip().lower().startswith(PLACEHOLDER_PREFIX)
+                                               or value.strip() == OLD_PLACEHOLDERS.get(name)):
+                    found.add(name)
+                    del data[name]
+        settings = handler(data)
+        settings._placeholders = frozenset(found)
+        return settings
+
 
     @field_validator("owner_ids", mode="before")
     @classmethod
@@ -129,26 +163,71 @@ class Settings(BaseSettings):
         """The secret values that must never reach a log line."""
         return [s.get_secret_value() for s in (self.bot_token, self.bus_secret) if s is not None]
 
+    def is_placeholder(self, name: str) -> bool:
+        """``name`` (a field) still holds the placeholder value from ``.env.example``."""
+        return name in self._placeholders
+
+    def placeholder_problem(self, name: str) -> str:
+        return f"{ENV_PREFIX}{name.upper()}: {PLACEHOLDER_FIXES[name]}"
+
     def leader_problems(self) -> list[str]:
         """Problems that stop ``topicbus leader`` from starting (variables the leader requires)."""
         problems = []
-        if self.bot_token is None or not self.bot_token.get_secret_value().strip():
+        token = self.bot_token.get_secret_value().strip() if self.bot_token is not None else ""
+        if self.is_placeholder("bot_token"):
+            problems.append(self.placeholder_problem("bot_token"))
+        elif not token:
             problems.append(f"{ENV_PREFIX}BOT_TOKEN: {LEADER_REQUIRED['bot_token']}")
-        if self.chat_id is None:
+        elif not BOT_TOKEN_SHAPE.fullmatch(token):
+            problems.append(f"{ENV_PREFIX}BOT_TOKEN: does not look like a bot token; @BotFather's look like "
+                            "123456789:AAE… (digits, a colon, letters), without quotes, spaces or a 'bot' prefix")
+        if self.is_placeholder("chat_id"):
+            problems.append(self.placeholder_problem("chat_id"))
+        elif self.chat_id is None:
             problems.append(f"{ENV_PREFIX}CHAT_ID: {LEADER_REQUIRED['chat_id']}")
-        if not self.owner_ids:
+        elif (hint := self._chat_id_hint()) is not None:
+            problems.append(f"{ENV_PREFIX}CHAT_ID: {hint}")
+        if self.is_placeholder("owner_ids"):
+            problems.append(self.placeholder_problem("owner_ids"))
+        elif not self.owner_ids:
             problems.append(f"{ENV_PREFIX}OWNER_IDS: {LEADER_REQUIRED['owner_ids']}")
         if (self.bus_tls_cert is None) != (self.bus_tls_key is None):
             missing = "BUS_TLS_KEY" if self.bus_tls_key is None else "BUS_TLS_CERT"
             problems.append(f"{ENV_PREFIX}{missing}: required with {ENV_PREFIX}BUS_TLS_"
                             f"{'CERT' if missing.endswith('KEY') else 'KEY'} (TLS needs both a certificate and its key)")
+        if self.is_placeholder("bus_secret"):
+            problems.append(self.placeholder_problem("bus_secret"))
         return problems
+
+    def _chat_id_hint(self) -> str | None:
+        """A chat id that cannot be a forum: a basic group's, or a user's who is not an owner."""
+        chat_id = self.chat_id
+        assert chat_id is not None
+        if chat_id < 0 and not str(chat_id).startswith(SUPERGROUP_PREFIX):
+            return (f"{chat_id} is a basic group's id, and topics need a supergroup, whose id starts with -100. "
+                    "Turn on Topics in the group's settings (the group then gets a new id) and read the id "
+                    "again (README, Quick start, step 5)")
+        if chat_id > 0 and self.owner_ids and chat_id not in self.owner_ids:
+            return (f"{chat_id} is not a forum group's id (those start with -100: if you copied it from a "
+                    f"t.me/c/ link, use -100{chat_id}), and not one of {ENV_PREFIX}OWNER_IDS (for topics in "
+                    "your private chat with the bot, use your own user id)")
+        return None
+
+    @property
+    def _local_bus_host(self) -> str:
+        if self.bus_host in ("0.0.0.0", "::", ""):
+            return "127.0.0.1"
+        return f"[{self.bus_host}]" if ":" in self.bus_host else self.bus_host
 
     @property
     def status_url(self) -> str:
-        host = "127.0.0.1" if self.bus_host in ("0.0.0.0", "::", "") else self.bus_host
         scheme = "https" if self.bus_tls_cert is not None else "http"
-        return f"{scheme}://{host}:{self.bus_port}/v1/status"
+        return f"{scheme}://{self._local_bus_host}:{self.bus_port}/v1/status"
+
+    def bus_url(self, port: int | None = None) -> str:
+        """Where followers on this machine reach the bus (``port``: the one actually bound)."""
+        scheme = "wss" if self.bus_tls_cert is not None else "ws"
+        return f"{scheme}://{self._local_bus_host}:{port or self.bus_port}/v1/bus"
 
 
 class ConfigurationError(Exception):
@@ -170,6 +249,16 @@ def describe_validation_error(exc: ValidationError) -> list[str]:
     return lines
 
 
+PLACEHOLDER_FIXES = {
+    "bot_token": "still the placeholder from .env.example: paste the token @BotFather gave you",
+    "chat_id": ("still the placeholder from .env.example: the forum group's id, a negative number "
+                "starting with -100 (README, Quick start, step 5)"),
+    "owner_ids": ("still the placeholder from .env.example: your own Telegram user id "
+                  "(README, Quick start, step 5)"),
+    "bus_secret": ("still the placeholder from .env.example, which anyone can read: use a long random "
+                   "string, e.g. the output of `openssl rand -hex 32`"),
+}
+
 LEADER_REQUIRED = {
     "bot_token": "required (the bot token from BotFather)",
     "chat_id": "required (forum supergroup id, or the owner's user id)",
@@ -178,8 +267,9 @@ LEADER_REQUIRED = {
 
 
 def missing_leader_variables(env_file: str | os.PathLike[str] | None = ".env") -> list[str]:
-    """Required leader variables absent from both the environment and ``env_file`` (for reporting
-    them together with validation errors, so an operator sees every problem at once)."""
+    """Required leader variables absent from both the environment and ``env_file``, or still holding
+    the placeholder from ``.env.example`` (for reporting them together with validation errors, so
+    an operator sees every problem at once)."""
     from dotenv import dotenv_values
 
     file_values = dotenv_values(env_file) if env_file and Path(env_file).is_file() else {}
@@ -189,7 +279,20 @@ def missing_leader_variables(env_file: str | os.PathLike[str] | None = ".env") -
         value = os.environ.get(name, file_values.get(name))
         if value is None or not str(value).strip():
             lines.append(f"{name}: {why}")
+        elif str(value).strip().lower().startswith(PLACEHOLDER_PREFIX) or str(value).strip() == OLD_PLACEHOLDERS.get(field):
+            lines.append(f"{name}: {PLACEHOLDER_FIXES[field]}")
     return lines
+
+
+def missing_env_file_hint(env_file: str | os.PathLike[str] | None = ".env") -> str | None:
+    """Why variables may be missing: there is no ``.env`` here; and how to make one."""
+    if env_file is None or Path(env_file).is_file():
+        return None
+    where = Path(env_file).absolute().parent
+    if (where / ".env.example").is_file():
+        return f"no .env file in {where}: create it with `cp .env.example .env`, then fill it in"
+    return (f"no .env file in {where}: copy .env.example from the topicbus repository to {where / '.env'} "
+            "and fill it in, or set the variables in the environment")
 
 
 def load_settings(env_file: str | os.PathLike[str] | None = ".env", **overrides: object) -> Settings:

@@ -36,6 +36,7 @@ BENCHMARKS = {
     "outbound": "bench.outbound",      # follower.send acks and sendMessage rate; 429 handling
     "registration": "bench.registration",  # register→ack with free slots; at full capacity
     "prune": "bench.prune",            # FollowerPruner.tick() CPU cost with 26 followers
+    "budget": "bench.budget",          # 1, 5, 25 chatty agents under the 20/min group limit, now vs before
 }
 
 

@@ -40,7 +40,7 @@ from loguru import logger
 
 from topicbus.follower.client import Delivery, FollowerClient
 from topicbus.protocol import Kind, follower_identity
-from tests.fakebotapi import FLOOD_METHODS, ApiError, FakeBotApi
+from tests.fakebotapi import FakeBotApi
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "123456789:BENCH-token-not-a-real-one-0000000"
@@ -160,14 +160,13 @@ class BenchFakeBotApi(FakeBotApi):
     was built (JSON already serialised), i.e. as late as the server can observe before aiohttp
     writes the bytes. The first hand-out wins (a re-fetch after a failure keeps the first stamp).
 
-    ``flood_window_s`` makes the flood limiter's sliding window configurable (Telegram's and the
-    fake's is 60 s); the bench's quick mode shortens it so the 429 check fits in a few seconds.
+    The flood limiter's window is configurable (``set_flood_limit(..., window_s=…)``); the bench
+    shortens it to compress time where it says so.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.handed_out: dict[int, float] = {}
-        self.flood_window_s = 60.0
         self.send_ok_times: list[float] = []  # monotonic time of every successful sendMessage
 
     async def _get_updates(self, p: dict[str, Any], request: web.Request) -> list[dict[str, Any]]:
@@ -183,18 +182,6 @@ class BenchFakeBotApi(FakeBotApi):
         if response.status == 200 and request.match_info.get("method", "").lower() == "sendmessage":
             self.send_ok_times.append(now)
         return response
-
-    def _check_flood(self, method: str, params: dict[str, Any]) -> None:
-        if self._flood is None or method not in FLOOD_METHODS:
-            return
-        window = self._flood_log[params.get("chat_id")]
-        now = time.monotonic()
-        while window and window[0] <= now - self.flood_window_s:
-            window.popleft()
-        limit, retry_after = self._flood
-        if len(window) >= limit:
-            self.flood_rejections += 1
-            raise ApiError(429, f"Too Many Requests: retry after {retry_after}", retry_after)
 
 
 # --------------------------------------------------------------------------------------------

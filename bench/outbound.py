@@ -72,8 +72,7 @@ async def _throughput(fake: BenchFakeBotApi, followers: list[BenchFollower], per
 
 
 async def _flood(fake: BenchFakeBotApi, follower: BenchFollower, count: int, window_s: float, leader) -> dict:
-    fake.flood_window_s = window_s
-    fake.set_flood_limit(20, retry_after=1)
+    fake.set_flood_limit(20, retry_after=1, window_s=window_s)
     rejections_before = fake.flood_rejections
     metrics_before = await leader.metrics()
     calls_before = len(fake.calls)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from telegram.ext import Application
 
-from topicbus.handlers import control, topic_events, topic_messages
+from topicbus.handlers import agent_commands, control, outside, topic_events, topic_messages
 
 if TYPE_CHECKING:
     from topicbus.leader.assembly import LeaderServices
@@ -20,5 +20,9 @@ def register_all(app: Application, services: LeaderServices, *, chat_id: int, ow
     topic_events.register(app, topics=services.topics, chat_id=chat_id, owner_ids=owner_ids)
     control.register(app, desk=services.control_desk, status=services.status, control=services.control,
                      notices=services.notices, spawn=services.term.spawn, chat_id=chat_id, owner_ids=owner_ids)
+    # Same group as the routing handlers and before them: a reserved command is never routed.
+    agent_commands.register(app, commands=services.agent_commands, control=services.control, chat_id=chat_id,
+                            owner_ids=owner_ids)
     topic_messages.register(app, router=services.router, control=services.control, chat_id=chat_id,
                             owner_ids=owner_ids)
+    outside.register(app, notices=services.notices, control=services.control, chat_id=chat_id, owner_ids=owner_ids)

@@ -17,13 +17,25 @@ from topicbus.leader.status import StatusView
 from topicbus.leader.topics import ControlTopic
 from topicbus.storage.admission import AdmissionBlocked
 
+DELETION_RULES = (
+    "A topic is deleted only\n"
+    "• with cleanup on, when its agent ends: its program exits, its process dies on the leader's computer "
+    "(seen as soon as it falls silent), or you /forget its slot;\n"
+    "• when all 26 slots are taken and a new agent needs one: the topic idle longest (no agent, nothing "
+    "queued) makes room.\n"
+    "With cleanup off an ended agent's topic is kept. Silence alone, a leader restart, or an agent that fell "
+    "silent before it died never delete a topic (/forget releases it)."
+)
+
 HELP = (
     "topicbus control topic\n"
-    "/status — slots, topics, liveness, heartbeat age, queued messages\n"
-    "/cleanup on|off — delete (on) or keep (off) the topic of a follower whose process is proven dead\n"
-    "/mode letters|names|directory-snake|directory-title — how topic titles are shown\n"
-    "/forget <slot> — you know that slot's agent is gone: treat it like a proven death\n"
-    "/help — this text"
+    "/status — agents, slots, titles, heartbeat age, queued messages\n"
+    "/cleanup on|off — delete (on) or keep (off) the topic of an agent that ends\n"
+    "/mode names|letters|directory-snake|directory-title — how topic titles are shown\n"
+    "/forget <slot> — an agent is gone but still counted: end it like one that exited\n"
+    "/help — this text\n"
+    "In an agent's topic, /interrupt, /kill, /eof, /queue and /drop act on the agent; everything else "
+    "goes to it.\n\n" + DELETION_RULES
 )
 
 
@@ -43,11 +55,13 @@ def register(app: Application, *, desk: ControlDesk, status: StatusView, control
         if args not in (["on"], ["off"]):
             current = await desk.preferences.cleanup_policy()
             shown = {True: "on", False: "off", None: "unknown"}[current]
-            await answer(f"Usage: /cleanup on|off (currently {shown}).")
+            await answer(f"Usage: /cleanup on|off (currently {shown}).\n\n{DELETION_RULES}")
             return
         await desk.set_cleanup_policy(args[0] == "on")
-        await answer("Thread cleanup is on: topics of followers proven dead are deleted." if args[0] == "on" else
-                     "Thread cleanup is off: topics of followers proven dead are kept and detached.")
+        await answer("Cleanup is on: when an agent ends (its program exits, its process dies on the leader's "
+                     "computer, or you /forget its slot), its topic is deleted." if args[0] == "on" else
+                     "Cleanup is off: when an agent ends, its topic is kept and detached; the agent gets it back "
+                     "when it returns.")
 
     async def mode(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         args = context.args or []
@@ -72,7 +86,7 @@ def register(app: Application, *, desk: ControlDesk, status: StatusView, control
     async def forget(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         args = context.args or []
         if len(args) != 1 or len(args[0]) != 1 or not args[0].isalpha():
-            await answer("Usage: /forget <slot letter>, e.g. /forget C")
+            await answer("Usage: /forget <slot letter>, e.g. /forget C (/status lists the slots)")
             return
 
         async def apply() -> None:

@@ -1,37 +1,130 @@
-"""Owner messages in a follower's topic → the router (journal, then deliver)."""
+"""Owner messages and edits in a follower's topic → the router (journal, then deliver).
+
+What each message becomes (the canonical item, see ``leader/inbound``):
+
+* text → a ``message`` item. ``//text`` reaches the agent as ``/text``, and a command addressed to
+  this bot (``/help@bot``) loses its ``@bot`` (reserved commands never get here: ``agent_commands``);
+* a message with a file (document, photo, voice, audio, video, video note, animation) → a ``media``
+  item with the file's kind, duration, size and whether it is over the 20 MB bots may download;
+  album parts carry their ``media_group_id`` to the router, which delivers the album as one item;
+* a reply → the ``reply`` context: the replied-to message's text (else caption), its sender, whether
+  it was posted by the bot (the agent's own output) and the quoted part;
+* an edited message → an ``edit`` item (``messageId`` and the new text, else caption).
+"""
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
 from typing import Any
 
 from telegram import Message, Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
 from topicbus.handlers.filters import InThread, owner_messages
+from topicbus.leader.agent_commands import parse_reserved
+from topicbus.leader.inbound import edit_item, is_too_large, media_item
 from topicbus.leader.routing import Router
 from topicbus.leader.topics import ControlTopic
 from topicbus.protocol import message_item
 
+_ADDRESSED = re.compile(r"/([A-Za-z0-9_]+)@([A-Za-z0-9_]+)")
 
-def message_payload(message: Message) -> dict[str, Any] | None:
-    """What a follower receives for one owner message; None when there is nothing to route."""
+
+def owner_text(text: str, bot_username: str | None) -> str:
+    """The text the agent receives: ``//x`` → ``/x``; ``/cmd@thisbot rest`` → ``/cmd rest``;
+    everything else verbatim."""
+    if text.startswith("//"):
+        return text[1:]
+    match = _ADDRESSED.match(text)
+    if match and bot_username and match.group(2).lower() == bot_username.lower():
+        return f"/{match.group(1)}{text[match.end():]}"
+    return text
+
+
+def _seconds(value: int | timedelta | None) -> int | None:
+    if value is None:
+        return None
+    return int(value.total_seconds()) if isinstance(value, timedelta) else int(value)
+
+
+def _file(kind: str, media: Any, file_name: str, mime_type: str | None, *, duration: bool = True) -> dict[str, Any]:
+    size = getattr(media, "file_size", None)
+    return {"fileId": media.file_id, "fileName": file_name, "mimeType": mime_type, "fileSize": size, "kind": kind,
+            "duration": _seconds(getattr(media, "duration", None)) if duration else None,
+            "tooLarge": is_too_large(size)}
+
+
+def message_files(message: Message) -> list[dict[str, Any]]:
+    """The file a message carries, as a ``FileRef`` (wire names); [] for a message without one."""
+    if message.animation is not None:  # Telegram sets `document` too for animations
+        a = message.animation
+        return [_file("animation", a, a.file_name or "animation.mp4", a.mime_type or "video/mp4")]
+    if message.document is not None:
+        d = message.document
+        return [_file("document", d, d.file_name or "document", d.mime_type, duration=False)]
+    if message.photo:
+        return [_file("photo", message.photo[-1], "photo.jpg", "image/jpeg", duration=False)]
+    if message.voice is not None:
+        v = message.voice
+        return [_file("voice", v, "voice.ogg", v.mime_type or "audio/ogg")]
+    if message.audio is not None:
+        a = message.audio
+        return [_file("audio", a, a.file_name or "audio.mp3", a.mime_type or "audio/mpeg")]
+    if message.video is not None:
+        v = message.video
+        return [_file("video", v, v.file_name or "video.mp4", v.mime_type or "video/mp4")]
+    if message.video_note is not None:
+        return [_file("video_note", message.video_note, "video_note.mp4", "video/mp4")]
+    return []
+
+
+def reply_context(message: Message, bot_id: int | None) -> dict[str, Any] | None:
+    """What the message replied to. In a forum topic every message "replies" to the topic's
+    creation message when it replies to nothing: that is not a reply."""
+    replied = message.reply_to_message
+    if replied is None or replied.forum_topic_created is not None or (
+            message.message_thread_id is not None and replied.message_id == message.message_thread_id):
+        return None
+    sender = replied.from_user
+    if sender is not None:
+        from_name: str | None = sender.full_name
+    else:
+        from_name = replied.sender_chat.title if replied.sender_chat is not None else None
+    return {"messageId": replied.message_id, "text": replied.text if replied.text is not None else replied.caption,
+            "fromName": from_name, "fromAgent": sender is not None and bot_id is not None and sender.id == bot_id,
+            "quote": message.quote.text if message.quote is not None else None}
+
+
+def message_payload(message: Message, *, bot_id: int | None = None,
+                    bot_username: str | None = None) -> dict[str, Any] | None:
+    """The item journaled for one owner message; None when there is nothing to route."""
     user = message.from_user
     if user is None or user.is_bot:
         return None
-    document: dict[str, Any] | None = None
-    if message.document is not None:
-        doc = message.document
-        document = {"fileId": doc.file_id, "fileName": doc.file_name or "document", "mimeType": doc.mime_type,
-                    "fileSize": doc.file_size}
-    elif message.photo:
-        photo = message.photo[-1]
-        document = {"fileId": photo.file_id, "fileName": "photo.jpg", "mimeType": "image/jpeg",
-                    "fileSize": photo.file_size}
-    if message.text is None and message.caption is None and document is None:
+    common = {"messageId": message.message_id, "fromUserId": user.id, "fromName": user.full_name,
+              "date": int(message.date.timestamp()), "reply": reply_context(message, bot_id)}
+    files = message_files(message)
+    if files:
+        return media_item(files=files, caption=message.caption, **common)
+    if message.text is None:
         return None
-    return message_item(text=message.text, caption=message.caption, messageId=message.message_id,
-                        fromUserId=user.id, fromName=user.full_name, date=int(message.date.timestamp()),
-                        document=document)
+    return message_item(text=owner_text(message.text, bot_username), caption=None, document=None, **common)
+
+
+def edit_payload(message: Message, *, bot_username: str | None = None) -> dict[str, Any] | None:
+    """The item journaled for an edited owner message; None when there is nothing to tell the agent
+    (no text or caption, or the new text is a reserved command: an edit never runs a command)."""
+    user = message.from_user
+    if user is None or user.is_bot:
+        return None
+    if message.text is not None:
+        if parse_reserved(message.text, bot_username) is not None:
+            return None
+        return edit_item(message.message_id, owner_text(message.text, bot_username))
+    if message.caption is not None:
+        return edit_item(message.message_id, message.caption)
+    return None
 
 
 def register(app: Application, *, router: Router, control: ControlTopic, chat_id: int,
@@ -40,12 +133,22 @@ def register(app: Application, *, router: Router, control: ControlTopic, chat_id
         message = update.message
         if message is None or message.message_thread_id is None:
             return
-        payload = message_payload(message)
+        payload = message_payload(message, bot_id=context.bot.id, bot_username=context.bot.username)
+        if payload is None:
+            return
+        await router.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload,
+                                         media_group=message.media_group_id)
+
+    async def edited(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        message = update.edited_message
+        if message is None or message.message_thread_id is None:
+            return
+        payload = edit_payload(message, bot_username=context.bot.username)
         if payload is None:
             return
         await router.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload)
 
-    not_control = ~InThread(lambda: control.thread_id)
-    app.add_handler(MessageHandler(
-        owner_messages(chat_id, owner_ids) & filters.IS_TOPIC_MESSAGE & not_control & ~filters.StatusUpdate.ALL
-        & filters.UpdateType.MESSAGE, route), group=1)
+    where = (owner_messages(chat_id, owner_ids) & filters.IS_TOPIC_MESSAGE & ~InThread(lambda: control.thread_id)
+             & ~filters.StatusUpdate.ALL)
+    app.add_handler(MessageHandler(where & filters.UpdateType.MESSAGE, route), group=1)
+    app.add_handler(MessageHandler(where & filters.UpdateType.EDITED_MESSAGE, edited), group=1)

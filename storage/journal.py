@@ -1,14 +1,28 @@
-"""Inbound journal: owner messages kept durably until the follower's receipt."""
+"""Inbound journal: owner messages kept durably until the follower's receipt.
+
+A row's ``status``: ``pending`` (waits for its follower's receipt), ``gathering`` (an album part
+waiting for the rest of its album; delivery stops there so that order is kept), and the settled
+states ``delivered``, ``merged`` (an album part folded into its album's first row), ``skipped`` (the
+follower does not take that delivery type), ``dropped`` (``/drop``) and ``expired`` (older than the
+offline TTL). ``delivered_at_ms`` is when a row was settled, whichever way.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from topicbus.storage.db import Authority, AuthorityLost, Database
 
 DELIVERY_PREFIX = "d-"
+WAITING = ("pending", "gathering")
+SETTLED = ("delivered", "merged", "skipped", "dropped", "expired")
+_CHUNK = 400  # bound parameters per statement, well below SQLite's limit
+
+#: One row to journal: (update_id, binding_key, payload) or (update_id, binding_key, payload, media_group).
+JournalRow = tuple[int, str, dict[str, Any]] | tuple[int, str, dict[str, Any], str | None]
 
 
 @dataclass(frozen=True)
@@ -18,6 +32,9 @@ class JournalItem:
     binding_key: str
     payload: dict[str, Any]
     attempts: int
+    created_at_ms: int = 0
+    status: str = "pending"
+    media_group: str | None = None
 
     @property
     def delivery_id(self) -> str:
@@ -31,6 +48,15 @@ def parse_delivery_id(delivery_id: str) -> int | None:
     return int(tail) if tail.isdigit() and len(tail) < 19 else None
 
 
+def _item(r: Any) -> JournalItem:
+    return JournalItem(r["seq"], r["update_id"], r["binding_key"], json.loads(r["payload"]), r["attempts"],
+                       r["created_at_ms"], r["status"], r["media_group"])
+
+
+def _dump(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, separators=(",", ":"))
+
+
 class JournalRepository:
     def __init__(self, db: Database):
         self._db = db
@@ -41,53 +67,154 @@ class JournalRepository:
         added = await self.append_many([(update_id, binding_key, payload)], now_ms, authority)
         return added[0] if added else None
 
-    async def append_many(self, rows: list[tuple[int, str, dict[str, Any]]], now_ms: int,
-                          authority: Authority) -> list[JournalItem]:
-        """Journal a batch of routed updates atomically; already journaled ones are skipped.
+    async def append_many(self, rows: Sequence[JournalRow], now_ms: int, authority: Authority) -> list[JournalItem]:
+        """Journal a batch of routed updates atomically; already journaled ones are skipped. A row
+        with a media group (an album part) is journaled as ``gathering``.
 
         One statement on the hot path: the rows, the duplicate check (``ON CONFLICT``) and the
         authority check (the lease row must still name this leader) commit or fail together."""
-        rows = list({update_id: (update_id, key, payload) for update_id, key, payload in rows}.values())
-        if not rows:
+        unique: dict[int, tuple[int, str, dict[str, Any], str | None]] = {}
+        for row in rows:
+            update_id, key, payload = row[0], row[1], row[2]
+            unique[update_id] = (update_id, key, payload, row[3] if len(row) > 3 else None)  # type: ignore[misc]
+        if not unique:
             return []
-        values = ", ".join("(?, ?, ?, ?)" for _ in rows)
+        values = ", ".join("(?, ?, ?, ?, ?, ?)" for _ in unique)
         params: list[Any] = []
-        for update_id, binding_key, payload in rows:
-            params += [update_id, binding_key, json.dumps(payload, separators=(",", ":")), now_ms]
+        for update_id, binding_key, payload, group in unique.values():
+            params += [update_id, binding_key, _dump(payload), now_ms, "gathering" if group else "pending", group]
         found = await self._db.self_fenced_statement(
-            f"""INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms)
-                SELECT column1, column2, column3, column4 FROM (VALUES {values}) WHERE {{authority_check}}
+            f"""INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms, status, media_group)
+                SELECT column1, column2, column3, column4, column5, column6 FROM (VALUES {values})
+                WHERE {{authority_check}}
                 ON CONFLICT (update_id) DO NOTHING RETURNING seq, update_id""", params, authority)
         if not found and not await self._db.still_leader(authority):
             raise AuthorityLost("leader lease changed hands")
         seqs = {r["update_id"]: int(r["seq"]) for r in found}
-        return sorted((JournalItem(seqs[u], u, k, p, 0) for u, k, p in rows if u in seqs), key=lambda i: i.seq)
+        return sorted((JournalItem(seqs[u], u, k, p, 0, now_ms, "gathering" if g else "pending", g)
+                       for u, k, p, g in unique.values() if u in seqs), key=lambda i: i.seq)
 
     async def pending(self, binding_key: str, limit: int = 500, after_seq: int = 0) -> list[JournalItem]:
+        """Rows that wait for this binding's follower, in journal order (album parts still
+        gathering included: delivery stops at them)."""
         rows = await self._db.fetch_all(
-            """SELECT * FROM inbound_journal WHERE binding_key = ? AND status = 'pending' AND seq > ?
-               ORDER BY seq LIMIT ?""",
+            """SELECT * FROM inbound_journal WHERE binding_key = ? AND status IN ('pending', 'gathering')
+               AND seq > ? ORDER BY seq LIMIT ?""",
             (binding_key, after_seq, limit),
         )
-        return [JournalItem(r["seq"], r["update_id"], r["binding_key"], json.loads(r["payload"]), r["attempts"])
-                for r in rows]
+        return [_item(r) for r in rows]
 
     async def mark_delivered(self, seq: int, binding_key: str, now_ms: int, authority: Authority) -> bool:
         return await self.mark_delivered_many([(seq, binding_key)], now_ms, authority) == 1
 
     async def mark_delivered_many(self, receipts: list[tuple[int, str]], now_ms: int, authority: Authority) -> int:
         """Apply follower receipts (seq, binding key) in one transaction; returns how many were new."""
-        changed = 0
-        async with self._db.unit_of_work(authority) as uow:
-            for seq, binding_key in receipts:
-                changed += await uow.execute(
-                    """UPDATE inbound_journal SET status = 'delivered', delivered_at_ms = ?
-                       WHERE seq = ? AND binding_key = ? AND status = 'pending'""",
-                    (now_ms, seq, binding_key))
-        return changed
+        return len(await self.settle_receipts(receipts, now_ms, authority))
 
+    async def settle_receipts(self, receipts: Sequence[tuple[int, str]], now_ms: int,
+                              authority: Authority) -> list[JournalItem]:
+        """Apply follower receipts (seq, binding key) in one transaction; returns the rows this
+        marked delivered (a repeated receipt returns nothing: each row is delivered once)."""
+        wanted = set(receipts)
+        if not wanted:
+            return []
+        seqs = sorted({seq for seq, _ in wanted})
+        newly: list[JournalItem] = []
+        async with self._db.unit_of_work(authority) as uow:
+            for start in range(0, len(seqs), _CHUNK):
+                chunk = seqs[start:start + _CHUNK]
+                marks = ", ".join("?" for _ in chunk)
+                rows = await uow.fetch_all(
+                    f"SELECT * FROM inbound_journal WHERE status = 'pending' AND seq IN ({marks})", chunk)
+                hits = [_item(r) for r in rows if (r["seq"], r["binding_key"]) in wanted]
+                if hits:
+                    await uow.execute(
+                        f"""UPDATE inbound_journal SET status = 'delivered', delivered_at_ms = ?
+                            WHERE seq IN ({", ".join("?" for _ in hits)})""", [now_ms, *(i.seq for i in hits)])
+                newly += hits
+        return sorted(newly, key=lambda i: i.seq)
+
+    async def settle(self, seq: int, binding_key: str, status: str, now_ms: int, authority: Authority) -> bool:
+        """Settle one waiting row without a receipt (``skipped`` or ``expired``)."""
+        if status not in SETTLED or status == "delivered":
+            raise ValueError(f"not a settling status: {status}")
+        async with self._db.unit_of_work(authority) as uow:
+            return await uow.execute(
+                """UPDATE inbound_journal SET status = ?, delivered_at_ms = ?
+                   WHERE seq = ? AND binding_key = ? AND status = 'pending'""",
+                (status, now_ms, seq, binding_key)) == 1
+
+    # --- albums -----------------------------------------------------------------------------------
+    async def count_gathering(self, binding_key: str, media_group: str) -> int:
+        return int(await self._db.fetch_value(
+            "SELECT COUNT(*) FROM inbound_journal WHERE status = 'gathering' AND binding_key = ? AND media_group = ?",
+            (binding_key, media_group)) or 0)
+
+    async def gathering_groups(self) -> list[tuple[str, str]]:
+        """(binding key, media group) of every album still gathering (e.g. left by a crashed leader)."""
+        rows = await self._db.fetch_all(
+            """SELECT binding_key, media_group, MIN(seq) AS first FROM inbound_journal WHERE status = 'gathering'
+               GROUP BY binding_key, media_group ORDER BY first""")
+        return [(r["binding_key"], r["media_group"] or "") for r in rows]
+
+    async def seal_group(self, binding_key: str, media_group: str,
+                         combine: Callable[[list[dict[str, Any]]], dict[str, Any]], now_ms: int,
+                         authority: Authority) -> JournalItem | None:
+        """Close an album: in one transaction its first gathering row becomes the album (payload
+        ``combine(parts)``, pending) and the other parts become ``merged``. None when nothing gathers."""
+        async with self._db.unit_of_work(authority) as uow:
+            rows = await uow.fetch_all(
+                """SELECT * FROM inbound_journal WHERE status = 'gathering' AND binding_key = ? AND media_group = ?
+                   ORDER BY seq""", (binding_key, media_group))
+            if not rows:
+                return None
+            parts = [_item(r) for r in rows]
+            album = combine([p.payload for p in parts])
+            first = parts[0]
+            await uow.execute("UPDATE inbound_journal SET status = 'pending', payload = ? WHERE seq = ?",
+                              (_dump(album), first.seq))
+            for part in parts[1:]:
+                await uow.execute(
+                    "UPDATE inbound_journal SET status = 'merged', delivered_at_ms = ? WHERE seq = ?", (now_ms, part.seq))
+        return JournalItem(first.seq, first.update_id, binding_key, album, first.attempts, first.created_at_ms,
+                           "pending", media_group)
+
+    # --- the offline queue ----------------------------------------------------------------------
+    async def drop_waiting(self, binding_key: str, now_ms: int, authority: Authority) -> int:
+        """``/drop``: every row still waiting for this binding's follower is dropped."""
+        async with self._db.unit_of_work(authority) as uow:
+            return await uow.execute(
+                """UPDATE inbound_journal SET status = 'dropped', delivered_at_ms = ?
+                   WHERE binding_key = ? AND status IN ('pending', 'gathering')""", (now_ms, binding_key))
+
+    async def expire_older_than(self, cutoff_ms: int, now_ms: int, authority: Authority) -> int:
+        """Rows journaled before ``cutoff_ms`` and still pending expire (the topic is told later)."""
+        async with self._db.unit_of_work(authority) as uow:
+            return await uow.execute(
+                """UPDATE inbound_journal SET status = 'expired', delivered_at_ms = ?
+                   WHERE status = 'pending' AND created_at_ms < ?""", (now_ms, cutoff_ms))
+
+    async def unreported_expired(self) -> dict[str, list[JournalItem]]:
+        """Expired rows the topic was not told about yet, by binding, in journal order."""
+        rows = await self._db.fetch_all(
+            "SELECT * FROM inbound_journal WHERE status = 'expired' AND reported_at_ms IS NULL ORDER BY seq")
+        found: dict[str, list[JournalItem]] = {}
+        for r in rows:
+            found.setdefault(r["binding_key"], []).append(_item(r))
+        return found
+
+    async def mark_reported(self, seqs: Sequence[int], now_ms: int, authority: Authority) -> None:
+        async with self._db.unit_of_work(authority) as uow:
+            for start in range(0, len(seqs), _CHUNK):
+                chunk = list(seqs[start:start + _CHUNK])
+                await uow.execute(
+                    f"UPDATE inbound_journal SET reported_at_ms = ? WHERE seq IN ({', '.join('?' for _ in chunk)})",
+                    [now_ms, *chunk])
+
+    # --- files and figures ----------------------------------------------------------------------
     async def has_file(self, file_id: str) -> bool:
-        """Whether a routed owner message carried this Telegram file."""
+        """Whether a routed owner message carried this Telegram file (a message's ``document`` or
+        any file of a ``media`` item: both are stored as ``"fileId":"…"`` in the payload)."""
         needle = '%"fileId":' + json.dumps(file_id) + '%'
         return await self._db.fetch_value(
             "SELECT EXISTS (SELECT 1 FROM inbound_journal WHERE payload LIKE ? ESCAPE '\\')",
@@ -95,10 +222,14 @@ class JournalRepository:
 
     async def count_pending(self) -> dict[str, int]:
         rows = await self._db.fetch_all(
-            "SELECT binding_key, COUNT(*) AS n FROM inbound_journal WHERE status = 'pending' GROUP BY binding_key")
+            """SELECT binding_key, COUNT(*) AS n FROM inbound_journal WHERE status IN ('pending', 'gathering')
+               GROUP BY binding_key""")
         return {r["binding_key"]: r["n"] for r in rows}
 
     async def purge_delivered(self, older_than_ms: int, authority: Authority) -> int:
+        """Drop settled rows (delivered, merged, skipped, dropped, expired and reported) older than the cutoff."""
         async with self._db.unit_of_work(authority) as uow:
             return await uow.execute(
-                "DELETE FROM inbound_journal WHERE status = 'delivered' AND delivered_at_ms < ?", (older_than_ms,))
+                """DELETE FROM inbound_journal WHERE delivered_at_ms < ?
+                   AND (status IN ('delivered', 'merged', 'skipped', 'dropped')
+                        OR (status = 'expired' AND reported_at_ms IS NOT NULL))""", (older_than_ms,))

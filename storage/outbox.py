@@ -107,6 +107,16 @@ class OutboxRepository:
             await uow.execute("UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
                               (error[:500], item_id))
 
+    async def fail_unbound(self, chat_id: int, thread_id: int, error: str, authority: Authority) -> int:
+        """The topic is gone and no binding will ever take these rows to a new one (a hint outside
+        agent topics, the output of a forgotten binding): they fail instead of waiting for ever."""
+        async with self._db.unit_of_work(authority) as uow:
+            return await uow.execute(
+                """UPDATE outbox SET status = 'failed', last_error = ?, attempts = attempts + 1
+                   WHERE chat_id = ? AND thread_id = ? AND status = 'pending'
+                     AND binding_key NOT IN (SELECT binding_key FROM workspace_bindings)""",
+                (error[:500], chat_id, thread_id))
+
     @staticmethod
     async def retarget_tx(uow: UnitOfWork, binding_key: str, thread_id: int) -> None:
         """A binding got a new topic: its undelivered output goes there."""

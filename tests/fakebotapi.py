@@ -16,19 +16,26 @@ What it fakes, with Telegram's real error strings and HTTP status codes:
   also for the General topic ``message_thread_id=1``); a send into a closed topic is refused with
   ``TOPIC_CLOSED`` (``closed_topics_refuse_sends``);
 * ``sendMessage``, ``sendDocument`` (multipart upload, bytes kept), ``sendChatAction``,
-  ``deleteMessage``, ``getFile`` and ``/file/bot<token>/<path>`` downloads;
+  ``deleteMessage``, ``getFile`` (``file is too big`` over the 20 MB bots may download) and
+  ``/file/bot<token>/<path>`` downloads; ``setMessageReaction`` (recorded in ``reactions``; only
+  emoji from :data:`ALLOWED_REACTIONS`, only on messages that exist);
 * small stubs: ``getChat``, ``getChatMember`` (the bot is an admin with ``can_manage_topics`` unless
-  ``bot_is_admin=False``), ``setMyCommands``/``getMyCommands``/``deleteMyCommands``,
-  ``getForumTopicIconStickers``;
-* user-side traffic for the bot to poll: ``push_message``, ``push_edited_message``,
-  ``push_topic_event`` (forum service messages), ``push_update`` (anything, even malformed);
+  ``bot_is_admin=False``), ``getForumTopicIconStickers``;
+* command menus: ``setMyCommands``/``getMyCommands``/``deleteMyCommands``, kept per ``scope`` (and
+  ``language_code``) as Telegram does; ``commands_for(scope)`` reads one, ``commands`` the default;
+* user-side traffic for the bot to poll: ``push_message`` (text, documents, replies with a
+  quote), ``push_media`` (photo, voice, audio, video, video note, animation, document; with size,
+  duration and an album's ``media_group_id``), ``push_album``, ``push_edited_message``,
+  ``push_topic_event`` (forum service messages), ``push_update`` (anything, even malformed). Every
+  message the fake builds (the bot's and the users') is kept, so that a reply carries the
+  replied-to message as Telegram does;
 * faults per method (``fail_next``, ``delay_next``, ``drop_next``, ``malformed_next``,
   ``result_false_next``) and a per-chat flood limiter answering 429 with ``retry_after``.
 
 Message ids and thread ids share one counter per chat, as in Telegram (a topic's thread id is the id
 of its ``forum_topic_created`` service message), starting at 2: id 1 is the General topic.
 
-What it does not fake: webhooks, inline/callback queries, media other than documents, entities
+What it does not fake: webhooks, inline/callback queries, sending media other than documents, entities
 and ``parse_mode`` validation, per-user permissions beyond the bot's admin flag, multiple bots
 (tokens are recorded but share one state), the General-topic methods, chat migration.
 """
@@ -40,6 +47,7 @@ import html.parser
 import inspect
 import json
 import math
+import re
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -64,6 +72,9 @@ FLOOD_METHODS = frozenset({"sendMessage", "sendDocument", "sendPhoto", "editMess
                            "editForumTopic", "closeForumTopic", "reopenForumTopic", "deleteForumTopic"})
 CONFLICT = "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running"
 THREAD_NOT_FOUND = "Bad Request: message thread not found"
+DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile refuses bigger files ("file is too big")
+ALLOWED_REACTIONS = frozenset({"👀", "👍", "👎", "❤", "🔥", "🎉", "✍", "👌", "🤔", "🙏"})  # a subset of Telegram's list
+MEDIA_KINDS = ("photo", "voice", "audio", "video", "video_note", "animation", "document")
 NOT_MODIFIED = "Bad Request: TOPIC_NOT_MODIFIED"
 
 _INT_PARAMS = frozenset({"chat_id", "message_thread_id", "offset", "limit", "user_id", "message_id",
@@ -106,6 +117,14 @@ class SentMessage:
     edits: int = 0
     edited_at: float | None = None
     history: list[tuple[float, str]] = field(default_factory=list)  # (time, text) as first sent and after each edit
+
+
+@dataclass
+class Reaction:
+    chat_id: int
+    message_id: int
+    emoji: str | None  # None: the reaction was removed
+    at: float
 
 
 @dataclass
@@ -182,7 +201,10 @@ class FakeBotApi:
         self.conflicts = 0
         self.get_updates_calls = 0
         self.flood_rejections = 0
-        self.commands: list[Any] = []
+        self._commands: dict[str, list[Any]] = {}
+        self.reactions: list[Reaction] = []
+        self._messages: dict[tuple[int, int], JSON] = {}  # every message built, for replies
+        self._file_sizes: dict[str, int] = {}  # declared sizes of files pushed without content
         self._chats: dict[int, _Chat] = {}
         self._topics: dict[tuple[int, int], Topic] = {}
         self._last_id: dict[int, int] = {}
@@ -202,7 +224,8 @@ class FakeBotApi:
         for name in ("getMe", "deleteWebhook", "getWebhookInfo", "createForumTopic",
                      "editForumTopic", "closeForumTopic", "reopenForumTopic", "deleteForumTopic",
                      "sendMessage", "sendChatAction", "sendDocument", "sendPhoto", "editMessageText",
-                     "editMessageReplyMarkup", "deleteMessage", "getFile", "getChat", "getChatMember", "setMyCommands",
+                     "editMessageReplyMarkup", "deleteMessage", "getFile", "setMessageReaction", "getChat",
+                     "getChatMember", "setMyCommands",
                      "getMyCommands", "deleteMyCommands", "getForumTopicIconStickers"):
             self.register_method(name, getattr(self, "_m_" + name))
         self.add_forum(forum_chat_id)
@@ -255,9 +278,13 @@ class FakeBotApi:
     def push_message(self, chat_id: int, text: str | None, *, thread_id: int | None = None,
                      from_id: int = DEFAULT_USER_ID, first_name: str = "Owner",
                      is_bot: bool = False, document: JSON | None = None,
-                     caption: str | None = None, reply_to_top: bool = True) -> JSON:
-        """Queue a ``message`` update from a user. ``document`` = {file_name, file_id[, content]}."""
-        content: JSON = {}
+                     caption: str | None = None, reply_to_top: bool = True,
+                     reply_to_message_id: int | None = None, quote: str | None = None,
+                     extra: JSON | None = None) -> JSON:
+        """Queue a ``message`` update from a user. ``document`` = {file_name, file_id[, content]}.
+        ``reply_to_message_id``: a reply to that message (the bot's or a user's), with ``quote``
+        as the quoted part; ``extra``: more message fields (media, ``media_group_id``…)."""
+        content: JSON = dict(extra or {})
         if text is not None:
             content["text"] = text
             if text.startswith("/"):  # Telegram marks a leading command as a bot_command entity
@@ -277,20 +304,96 @@ class FakeBotApi:
         msg = self._build_message(chat_id, thread_id, self._user(from_id, first_name, is_bot),
                                   content)
         topic = self._topics.get((chat_id, thread_id or 0))
-        if reply_to_top and topic is not None:
+        if reply_to_message_id is not None:
+            replied = self._messages.get((chat_id, reply_to_message_id))
+            if replied is None:
+                raise ValueError(f"no message {reply_to_message_id} in chat {chat_id} to reply to")
+            msg["reply_to_message"] = {k: v for k, v in replied.items() if k != "reply_to_message"}
+            if quote is not None:
+                msg["quote"] = {"text": quote, "position": max(0, (replied.get("text") or "").find(quote))}
+        elif reply_to_top and topic is not None:
             created = self._build_message(chat_id, topic.thread_id, msg["from"],
                                           {"forum_topic_created": self._topic_created(topic)},
                                           message_id=topic.thread_id)
             msg["reply_to_message"] = created
         return self._enqueue("message", msg)
 
-    def push_edited_message(self, chat_id: int, message_id: int, text: str, *,
+    def push_edited_message(self, chat_id: int, message_id: int, text: str | None, *,
                             thread_id: int | None = None, from_id: int = DEFAULT_USER_ID,
-                            first_name: str = "Owner") -> JSON:
+                            first_name: str = "Owner", caption: str | None = None) -> JSON:
+        """Queue an ``edited_message`` update: the message's new text (or, for media, caption)."""
+        content: JSON = {"edit_date": int(time.time())}
+        if text is not None:
+            content["text"] = text
+        if caption is not None:
+            content["caption"] = caption
         msg = self._build_message(chat_id, thread_id, self._user(from_id, first_name, False),
-                                  {"text": text, "edit_date": int(time.time())},
-                                  message_id=message_id)
+                                  content, message_id=message_id)
         return self._enqueue("edited_message", msg)
+
+    def push_media(self, chat_id: int, kind: str, *, thread_id: int | None = None, content: bytes | None = None,
+                   size: int | None = None, duration: int = 3, file_name: str | None = None,
+                   mime_type: str | None = None, caption: str | None = None, media_group_id: str | None = None,
+                   file_id: str | None = None, from_id: int = DEFAULT_USER_ID,
+                   reply_to_message_id: int | None = None) -> JSON:
+        """Queue a user's media message (``kind`` in :data:`MEDIA_KINDS`) as Telegram shapes it.
+        ``content``: the bytes ``getFile`` serves; ``size`` alone declares a file the fake does not
+        hold (over 20 MB ``getFile`` answers "file is too big", as Telegram does)."""
+        if kind not in MEDIA_KINDS:
+            raise ValueError(f"unknown media kind {kind!r}")
+        file_id = file_id or f"{kind}-{chat_id}-{self._next_update_id}-{len(self._files) + len(self._file_sizes)}"
+        file_size = len(content) if content is not None else size
+        if content is not None:
+            self._files[file_id] = (file_name or f"{kind}.bin", content)
+        elif size is not None:
+            self._file_sizes[file_id] = size
+        ref: JSON = {"file_id": file_id, "file_unique_id": "u" + file_id}
+        if file_size is not None:
+            ref["file_size"] = file_size
+        fields: JSON = {}
+        if kind == "photo":
+            fields["photo"] = [{**ref, "file_id": file_id + "-thumb", "file_unique_id": "ut" + file_id,
+                                "width": 90, "height": 60, "file_size": 1000},
+                               {**ref, "width": 1280, "height": 853}]
+        elif kind == "voice":
+            fields["voice"] = {**ref, "duration": duration, "mime_type": mime_type or "audio/ogg"}
+        elif kind == "audio":
+            fields["audio"] = {**ref, "duration": duration, "mime_type": mime_type or "audio/mpeg",
+                               "file_name": file_name or "song.mp3", "title": "Song", "performer": "Band"}
+        elif kind == "video":
+            fields["video"] = {**ref, "duration": duration, "width": 640, "height": 360,
+                               "mime_type": mime_type or "video/mp4", "file_name": file_name or "clip.mp4"}
+        elif kind == "video_note":
+            fields["video_note"] = {**ref, "duration": duration, "length": 240}
+        elif kind == "animation":
+            animation = {**ref, "duration": duration, "width": 320, "height": 240,
+                         "mime_type": mime_type or "video/mp4", "file_name": file_name or "funny.gif.mp4"}
+            fields["animation"] = animation  # Telegram sends an animation as a document too
+            fields["document"] = {k: animation[k] for k in ("file_id", "file_unique_id", "file_name", "mime_type")
+                                  if k in animation}
+        else:
+            fields["document"] = {**ref, "file_name": file_name or "file.bin",
+                                  "mime_type": mime_type or "application/octet-stream"}
+        if media_group_id is not None:
+            fields["media_group_id"] = media_group_id
+        return self.push_message(chat_id, None, thread_id=thread_id, from_id=from_id, caption=caption, extra=fields,
+                                 reply_to_message_id=reply_to_message_id)
+
+    def push_album(self, chat_id: int, parts: list[tuple[str, bytes]], *, thread_id: int | None = None,
+                   caption: str | None = None, media_group_id: str | None = None) -> list[JSON]:
+        """Queue an album: one message per ``(kind, content)`` part sharing a ``media_group_id``,
+        the caption on the first part (as Telegram clients send it)."""
+        group = media_group_id or f"album-{self._next_update_id}"
+        return [self.push_media(chat_id, kind, thread_id=thread_id, content=data, media_group_id=group,
+                                caption=caption if i == 0 else None, file_name=f"part{i}.{kind}")
+                for i, (kind, data) in enumerate(parts)]
+
+    def message(self, chat_id: int, message_id: int) -> JSON | None:
+        """A message the fake built (the bot's or a user's)."""
+        return self._messages.get((chat_id, message_id))
+
+    def reactions_on(self, chat_id: int, message_id: int) -> list[str | None]:
+        return [r.emoji for r in self.reactions if r.chat_id == chat_id and r.message_id == message_id]
 
     def push_topic_event(self, chat_id: int, thread_id: int | None,
                          event: Literal["created", "closed", "reopened", "edited"],
@@ -630,6 +733,7 @@ class FakeBotApi:
             msg["message_thread_id"] = thread_id
             msg["is_topic_message"] = True
         msg.update(content)
+        self._messages[(chat_id, msg["message_id"])] = msg
         return msg
 
     def _enqueue(self, kind: str, payload: JSON) -> JSON:
@@ -778,7 +882,8 @@ class FakeBotApi:
         chat = self._chat(p)
         message = next((m for m in self.sent if m.chat_id == chat.id and m.message_id == p.get("message_id")
                         and not m.deleted and m.kind == "text"), None)
-        if message is None:
+        topic = self._topics.get((chat.id, message.thread_id)) if message and message.thread_id else None
+        if message is None or (topic is not None and topic.deleted):  # a deleted topic takes its messages
             raise ApiError(400, "Bad Request: message to edit not found")
         text = self._checked_text(p)
         looks = self._looks(p)
@@ -870,10 +975,31 @@ class FakeBotApi:
 
     def _m_getFile(self, p: JSON) -> JSON:
         file_id = p.get("file_id")
+        declared = self._file_sizes.get(file_id) if isinstance(file_id, str) else None
+        if declared is not None and declared > DOWNLOAD_LIMIT or (
+                file_id in self._files and len(self._files[file_id][1]) > DOWNLOAD_LIMIT):
+            raise ApiError(400, "Bad Request: file is too big")
         if file_id not in self._files:
             raise ApiError(400, "Bad Request: invalid file_id")
         return {"file_id": file_id, "file_unique_id": f"u{file_id}",
                 "file_size": len(self._files[file_id][1]), "file_path": f"documents/{file_id}"}
+
+    def _m_setMessageReaction(self, p: JSON) -> bool:
+        chat = self._chat(p)
+        message_id = p.get("message_id")
+        if (chat.id, message_id) not in self._messages:
+            raise ApiError(400, "Bad Request: message to react not found")
+        reaction = p.get("reaction") or []
+        if not isinstance(reaction, list) or len(reaction) > 1:
+            raise ApiError(400, "Bad Request: REACTIONS_TOO_MANY")
+        emoji = None
+        if reaction:
+            kind = reaction[0]
+            if not isinstance(kind, dict) or kind.get("type") != "emoji" or kind.get("emoji") not in ALLOWED_REACTIONS:
+                raise ApiError(400, "Bad Request: REACTION_INVALID")
+            emoji = kind["emoji"]
+        self.reactions.append(Reaction(chat.id, message_id, emoji, time.monotonic()))
+        return True
 
     def _m_getChat(self, p: JSON) -> JSON:
         chat = self._chat(p)
@@ -897,15 +1023,45 @@ class FakeBotApi:
                                      "can_delete_stories"), False))
         return {"status": "administrator", "user": self._bot_from(), **rights}
 
+    @staticmethod
+    def _scope_key(scope: Any, language_code: Any = None) -> str:
+        scope = scope if isinstance(scope, dict) and scope.get("type") not in (None, "default") else None
+        return json.dumps([scope, language_code or ""], sort_keys=True)
+
+    @property
+    def commands(self) -> list[Any]:
+        """The default scope's menu."""
+        return self.commands_for(None)
+
+    def commands_for(self, scope: JSON | None, language_code: str | None = None) -> list[Any]:
+        """The menu set for ``scope`` (e.g. ``{"type": "chat", "chat_id": …}``), as the bot sent it."""
+        return list(self._commands.get(self._scope_key(scope, language_code), []))
+
     def _m_setMyCommands(self, p: JSON) -> bool:
-        self.commands = list(p.get("commands") or [])
+        commands = p.get("commands")
+        if not isinstance(commands, list) or len(commands) > 100:
+            raise ApiError(400, "Bad Request: BOT_COMMANDS_TOO_MUCH" if isinstance(commands, list)
+                           else "Bad Request: field \"commands\" must be an Array")
+        for c in commands:
+            name, description = (c.get("command"), c.get("description")) if isinstance(c, dict) else (None, None)
+            if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9_]{1,32}", name):
+                raise ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
+            if not isinstance(description, str) or not 1 <= len(description) <= 256:
+                raise ApiError(400, "Bad Request: BOT_COMMAND_DESCRIPTION_INVALID")
+        if isinstance(p.get("scope"), dict) and "chat_id" in p["scope"]:
+            self._chat({"chat_id": p["scope"]["chat_id"]})  # "chat not found" as Telegram answers
+        key = self._scope_key(p.get("scope"), p.get("language_code"))
+        if commands:
+            self._commands[key] = [{"command": c["command"], "description": c["description"]} for c in commands]
+        else:
+            self._commands.pop(key, None)
         return True
 
     def _m_getMyCommands(self, p: JSON) -> list[Any]:
-        return list(self.commands)
+        return self.commands_for(p.get("scope"), p.get("language_code"))
 
     def _m_deleteMyCommands(self, p: JSON) -> bool:
-        self.commands = []
+        self._commands.pop(self._scope_key(p.get("scope"), p.get("language_code")), None)
         return True
 
     def _m_getForumTopicIconStickers(self, p: JSON) -> list[Any]:

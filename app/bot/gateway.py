@@ -7,11 +7,14 @@ it is checked first; PTB normalises messages ("Topic_not_modified"), so we match
 from __future__ import annotations
 
 import io
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
-from telegram import Bot, InlineKeyboardMarkup, InputFile, MessageEntity
+from telegram import (Bot, BotCommand, BotCommandScopeChat, InlineKeyboardMarkup, InputFile, MessageEntity,
+                      ReactionTypeEmoji)
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
 
 from topicbus.core.formatting import Rendered
@@ -41,6 +44,14 @@ class CallResult:
     @property
     def ok(self) -> bool:
         return self.outcome in (Outcome.OK, Outcome.NOT_MODIFIED)
+
+
+_BOT_URL_TOKEN = re.compile(r"(/(?:file/)?bot)[^/\s\"']+")
+
+
+def redact_bot_urls(text: str) -> str:
+    """Bot API URLs carry the token (``…/bot<token>/getMe``); this keeps the URL and drops the token."""
+    return _BOT_URL_TOKEN.sub(r"\1<token>", text)
 
 
 def retry_after_seconds(exc: RetryAfter) -> float:
@@ -138,6 +149,32 @@ class TelegramGateway:
             chat_id=chat_id, message_thread_id=thread_id, photo=InputFile(io.BytesIO(data), filename=file_name),
             caption=caption.text if caption else None, caption_entities=_entities(caption),
             parse_mode=caption.parse_mode if caption else None, disable_notification=silent)))
+
+    async def set_message_reaction(self, chat_id: int, message_id: int, emoji: str) -> CallResult:
+        """One emoji reaction on a message (replacing the bot's earlier one). Telegram accepts only
+        emoji from its reaction list (👀, 👍, ✍ …); anything else is REACTION_INVALID (rejected)."""
+        return await self._call(self.bot.set_message_reaction(chat_id=chat_id, message_id=message_id,
+                                                              reaction=[ReactionTypeEmoji(emoji)]))
+
+    async def get_chat(self, chat_id: int) -> CallResult:
+        """``getChat``: the chat's type and whether it is a forum (``value`` is PTB's ``ChatFullInfo``)."""
+        return await self._call(self.bot.get_chat(chat_id=chat_id))
+
+    async def get_chat_member(self, chat_id: int, user_id: int) -> CallResult:
+        """``getChatMember``: a member's status and rights (``value`` is PTB's ``ChatMember``)."""
+        return await self._call(self.bot.get_chat_member(chat_id=chat_id, user_id=user_id))
+
+    async def get_commands(self, chat_id: int) -> CallResult:
+        """The command menu set for ``chat_id`` (``BotCommandScopeChat``), as (command, description) pairs."""
+        result = await self._call(self.bot.get_my_commands(scope=BotCommandScopeChat(chat_id)))
+        if result.outcome is Outcome.OK:
+            return CallResult(Outcome.OK, value=[(c.command, c.description) for c in result.value])
+        return result
+
+    async def set_commands(self, chat_id: int, commands: Sequence[tuple[str, str]]) -> CallResult:
+        """Set the command menu every member of ``chat_id`` sees (menus are per chat, not per topic)."""
+        return await self._call(self.bot.set_my_commands([BotCommand(c, d) for c, d in commands],
+                                                         scope=BotCommandScopeChat(chat_id)))
 
     async def download(self, file_id: str) -> CallResult:
         """getFile + download; Bot API bots can fetch files up to 20 MB."""

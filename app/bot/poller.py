@@ -35,6 +35,17 @@ from topicbus.storage.db import AuthorityLost, StorageUnavailable
 
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 MAX_HANDLER_ATTEMPTS = 3
+CONFLICTS_TO_PERSIST = 3  # this many 409s…
+CONFLICT_WINDOW_S = 60.0  # …within this time, while this leader holds its lease: another poller is at work
+ANOTHER_POLLER = (
+    "409 Conflict keeps coming while this leader holds the lease of its database: another process polls "
+    "the same bot token. It is not a standby of this database (a standby waits, it does not poll): it is a "
+    "topicbus leader with a different TOPICBUS_DB_PATH, an old deployment, or another bot program. Find it "
+    "on every machine that has this token (`ps -ef | grep 'topicbus leader'`, `docker ps`) and stop it, or "
+    "give one of them its own bot from @BotFather; until then the two split the updates")
+WEBHOOK_SET = (
+    "409 Conflict: a webhook is set for this bot token, and Telegram refuses getUpdates while it is. "
+    "Remove it once with https://api.telegram.org/bot<TOKEN>/deleteWebhook (and stop whatever set it)")
 
 # ``Bot.get_updates`` parses the whole batch at once (``Update.de_list``): one malformed update
 # would fail the batch, and PTB then logs the raw batch at CRITICAL. So the poller asks with
@@ -47,7 +58,8 @@ _DO_API_REQUEST_WARNING = dict(
 
 class UpdatePoller:
     def __init__(self, app: Application, *, timeout_s: float, on_first_poll: Callable[[], None] | None = None,
-                 batch: Callable[[float], AbstractAsyncContextManager[None]] | None = None):
+                 batch: Callable[[float], AbstractAsyncContextManager[None]] | None = None,
+                 holds_lease: Callable[[], bool] = lambda: True):
         self._app = app
         self._batch = batch or (lambda received_at: nullcontext())
         self._timeout_s = timeout_s
@@ -59,6 +71,10 @@ class UpdatePoller:
         self.last_cycle_at = time.monotonic()  # when a getUpdates answer was last fully handled (health)
         self.fatal: BaseException | None = None
         self._failed: dict[int, BaseException | None] = {}
+        self._holds_lease = holds_lease
+        self._conflicts: list[float] = []  # monotonic times of recent 409s
+        self._conflict_reported = False
+        self.conflicts = 0
         app.add_error_handler(self.handler_error)
 
     def start(self) -> None:
@@ -131,8 +147,8 @@ class UpdatePoller:
         except RetryAfter as exc:
             await asyncio.sleep(retry_after_seconds(exc))
             return None
-        except Conflict:
-            logger.bind(phase="polling").warning("another getUpdates poller is active (409); backing off")
+        except Conflict as exc:
+            self._conflict(exc)
         except NetworkError as exc:  # TimedOut included
             logger.bind(phase="polling").warning("getUpdates failed ({}); retrying", type(exc).__name__)
         except Exception as exc:  # noqa: BLE001 - polling must never die on an odd answer
@@ -141,6 +157,31 @@ class UpdatePoller:
             return raw_updates if isinstance(raw_updates, list) else []
         await backoff.sleep()
         return None
+
+    def _conflict(self, exc: Conflict) -> None:
+        """A 409: one WARNING for the first; when they persist while this process holds the lease,
+        one ERROR that says what it means and how to find the other poller (once per streak: a
+        streak ends after a window without 409s)."""
+        self.conflicts += 1
+        now = time.monotonic()
+        if self._conflicts and now - self._conflicts[-1] > CONFLICT_WINDOW_S:
+            self._conflicts.clear()
+            self._conflict_reported = False
+        self._conflicts = [t for t in self._conflicts if now - t <= CONFLICT_WINDOW_S] + [now]
+        log = logger.bind(phase="polling")
+        if "webhook" in exc.message.lower():
+            if not self._conflict_reported:
+                log.error(WEBHOOK_SET)
+                self._conflict_reported = True
+            return
+        if len(self._conflicts) == 1:
+            log.warning("another getUpdates poller is active (409); backing off")
+        elif (len(self._conflicts) >= CONFLICTS_TO_PERSIST and not self._conflict_reported
+              and self._holds_lease()):
+            log.error(ANOTHER_POLLER)
+            self._conflict_reported = True
+        else:
+            log.debug("409 Conflict again ({} in the last {:.0f}s)", len(self._conflicts), CONFLICT_WINDOW_S)
 
     async def _handle_batch(self, raw_updates: list[Any], received_at: float) -> int | None:
         """Process every update inside one inbound batch; the offset to confirm once it is journaled,

@@ -39,6 +39,7 @@ from topicbus.bus.metrics import render as render_metrics
 from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, ErrorCode, FollowerRequest, Kind, ProtocolError,
                                Registration, SendRequest, ack, decode_frame, encode, error_ack, leader_identity,
                                request_id_of)
+from topicbus.retry import sleep_or_stop
 from topicbus.storage.db import AuthorityLost
 
 REPLAY_LEDGER_SIZE = 4096
@@ -371,10 +372,7 @@ class BusServer:
                 if self._runner is not None:
                     await self._runner.cleanup()
                     self._runner = None
-                try:
-                    await asyncio.wait_for(stop.wait(), delay_s)
-                except TimeoutError:
-                    pass
+                await sleep_or_stop(delay_s, stop)
         return False
 
     def publish(self, leader: LeaderBus, epoch: int) -> None:

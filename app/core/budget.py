@@ -10,7 +10,9 @@ only honour the pause and the bot-wide rate.
 
 A **reserve** of the window (default 4 of 20) is kept for the first two priorities — answers in the
 control topic, leader notices, answers to buttons and prompts — so that they wait at most a few
-seconds while agents flood.
+seconds while agents flood. What those priorities spent inside the window counts against their
+reserve first: output may fill the window up to ``per_minute - (reserve - reserved spends)``, so the
+reserve is always there and never wasted.
 """
 
 from __future__ import annotations
@@ -43,16 +45,17 @@ class BudgetConfig:
 
     @classmethod
     def for_chat(cls, chat_id: int, *, per_minute: float, per_second: float, reserve: int,
-                 overall_per_second: float) -> BudgetConfig:
+                 overall_per_second: float, window_s: float = 60.0) -> BudgetConfig:
         """Groups (negative ids) get the window; private-chat topics get 1/s only."""
         return cls(per_minute=per_minute if chat_id < 0 else None, per_second=per_second,
-                   reserve=min(reserve, max(0, int(per_minute) - 1)), overall_per_second=overall_per_second)
+                   reserve=min(reserve, max(0, int(per_minute) - 1)), overall_per_second=overall_per_second,
+                   window_s=window_s)
 
 
 class ChatBudget:
     def __init__(self, config: BudgetConfig):
         self.config = config
-        self._spends: deque[float] = deque()  # times of spends inside the window
+        self._spends: deque[tuple[float, bool]] = deque()  # (time, by a reserved priority) inside the window
         self._last_spend: float | None = None
         self._last_call: float | None = None
         self._paused_until = 0.0
@@ -69,15 +72,7 @@ class ChatBudget:
             return at
         if self._last_spend is not None and cfg.per_second > 0:
             at = max(at, self._last_spend + 1.0 / cfg.per_second)
-        if cfg.per_minute is not None:
-            self._expire(now)
-            limit = int(cfg.per_minute) - (0 if priority in RESERVED_FOR else cfg.reserve)
-            if limit <= 0:
-                return float("inf")
-            if len(self._spends) >= limit:
-                # Ready when enough old spends have left the window for one more of this class.
-                at = max(at, self._spends[len(self._spends) - limit] + cfg.window_s)
-        return at
+        return max(at, self._window_ready(now, priority))
 
     def used(self, now: float) -> int:
         """Spends in the current window."""
@@ -85,27 +80,45 @@ class ChatBudget:
         return len(self._spends)
 
     def under_pressure(self, now: float) -> bool:
-        """True when output is being held back: the pause, or the window used up to the reserve."""
-        return self.ready_at(now, Priority.OUTPUT) > now
+        """True when output is being held back beyond the per-second spacing: a RetryAfter pause, or
+        the window used up to the reserve."""
+        return self._paused_until > now or self._window_ready(now, Priority.OUTPUT) > now
 
     @property
     def paused_until(self) -> float:
         return self._paused_until
 
     # --- changes ----------------------------------------------------------------------------------
-    def record(self, now: float, *, spends: bool) -> None:
+    def record(self, now: float, *, spends: bool, priority: Priority = Priority.OUTPUT) -> None:
         """A call went out at ``now``."""
         self._last_call = now
         if spends:
             self._last_spend = now
-            self._spends.append(now)
+            self._spends.append((now, priority in RESERVED_FOR))
 
     def pause(self, now: float, seconds: float) -> None:
         """Telegram answered ``RetryAfter``: nothing goes to this chat before the time is up."""
         self.retry_after_hits += 1
         self._paused_until = max(self._paused_until, now + max(0.0, seconds))
 
+    def _window_ready(self, now: float, priority: Priority) -> float:
+        """When the sliding window has room for one more spend of ``priority`` (``now`` if it has)."""
+        cfg = self.config
+        if cfg.per_minute is None:
+            return now
+        self._expire(now)
+        limit = int(cfg.per_minute)
+        if priority not in RESERVED_FOR:
+            reserved_spent = sum(1 for _, reserved in self._spends if reserved)
+            limit -= max(0, cfg.reserve - reserved_spent)
+        if limit <= 0:
+            return float("inf")
+        if len(self._spends) < limit:
+            return now
+        # Ready when enough old spends have left the window for one more of this class.
+        return self._spends[len(self._spends) - limit][0] + cfg.window_s
+
     def _expire(self, now: float) -> None:
         horizon = now - self.config.window_s
-        while self._spends and self._spends[0] <= horizon:
+        while self._spends and self._spends[0][0] <= horizon:
             self._spends.popleft()

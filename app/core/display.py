@@ -18,6 +18,8 @@ MAX_TITLE_LENGTH = 128
 """Telegram's limit for a forum topic name (counted in UTF-16 code units, as Telegram does)."""
 
 _WHITESPACE = re.compile(r"\s+")
+
+
 class DisplayMode(StrEnum):
     """How topic titles are shown (reference §5.1)."""
 
@@ -28,6 +30,11 @@ class DisplayMode(StrEnum):
 
 
 _DIRECTORY_MODES = (DisplayMode.DIRECTORY_SNAKE, DisplayMode.DIRECTORY_TITLE)
+
+NEW_DATABASE_DISPLAY_MODE = DisplayMode.NAMES
+"""The mode of a new database when ``DISPLAY_MODE`` is not set: a topic reads as its directory
+(``myproject``, ``api · tests``), which says more to a new user than a slot letter. A database
+from before this default keeps ``letters`` (SPEC §9.1, migration 005)."""
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ class OutputConfig:
     live_window_ms: int = 60_000  # 0: never grow a message by edits
     edit_interval_ms: int = 4_000
     quiet_ms: int = 3_000
+    coalesce: bool = True  # False: every item is its own notifying message (the first release's way)
 
 
 @dataclass
@@ -151,7 +152,7 @@ def plan(queue: Sequence[QueuedItem], stream: StreamState, now_ms: int, cfg: Out
     head = queue[0]
     if head.kind not in TEXT_KINDS:
         return Single(head)
-    if head.kind == "notice" or head.has_buttons:
+    if head.kind == "notice" or head.has_buttons or not cfg.coalesce:
         return NewMessage((head,), notify=True)
     run = coalescible(queue)
     if cfg.file_threshold and _units(run) > cfg.file_threshold:

@@ -14,7 +14,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-from topicbus.core.display import clip_title
+from topicbus.core.display import clip_title, tokenize_segment
 
 BINDING_KEY_PREFIX = "ws-"
 """Prefix of every workspace binding key."""
@@ -123,12 +123,31 @@ class WorkspaceIdentity:
         return self.cwd or self.session or "(no workspace)"
 
 
+def _words(text: str) -> set[str]:
+    return {token.casefold() for token in tokenize_segment(text)}
+
+
+def _join_without_repeats(leaf: str, session: str) -> str:
+    """``leaf · session`` without saying a word twice (``--name pyu`` in ``pyu`` is just ``pyu``).
+
+    When one part's words all appear in the other, that other part alone is the name; otherwise
+    the session's words already in the directory name are left out (``api-server · worker`` for
+    ``--name "api worker"``)."""
+    leaf_words, session_words = _words(leaf), _words(session)
+    if session_words and session_words <= leaf_words:
+        return leaf
+    if leaf_words and leaf_words <= session_words:
+        return session
+    kept = [word for word in session.split(" ") if not (_words(word) and _words(word) <= leaf_words)]
+    return f"{leaf} · {' '.join(kept)}" if kept else leaf
+
+
 def default_thread_name(identity: WorkspaceIdentity, slot: str | None) -> str:
     """Stable generated topic name for a new binding (never empty, at most 128 characters).
 
     The last segment of the cwd (``/`` for the root), plus `` · session`` when there is a session
-    too; the session alone without a cwd; ``Agent <slot>`` for an ephemeral identity or when
-    nothing readable is left.
+    too (without repeating a word the directory already says); the session alone without a cwd;
+    ``Agent <slot>`` for an ephemeral identity or when nothing readable is left.
     """
     session = "" if identity.is_ephemeral else _WHITESPACE.sub(" ", identity.session).strip()
     leaf = ""
@@ -136,7 +155,7 @@ def default_thread_name(identity: WorkspaceIdentity, slot: str | None) -> str:
         leaf = posixpath.basename(identity.cwd.rstrip("/")) or "/"
         leaf = _WHITESPACE.sub(" ", leaf).strip()
     if leaf and session:
-        name = f"{leaf} · {session}"
+        name = _join_without_repeats(leaf, session)
     else:
         name = leaf or session
     name = (clip_title(name) or "").rstrip()

@@ -24,14 +24,23 @@ __all__ = ["OutputCapture"]
 #: After the child exits, output still readable is taken until the descriptors close, or nothing
 #: came for this long (a grandchild may hold them open for ever).
 EXIT_QUIET_S = 0.2
+#: Backpressure: while the leader is reachable, reading stops once this much output waits here (the
+#: leader answers backlog-full when Telegram is slower than the child), and resumes at half of it.
+#: While the leader is unreachable reading goes on, and the batcher's drop-oldest bound applies.
+HOLD_BYTES = 256 * 1024
+HOLD_CHECK_S = 0.5
 
 
 class OutputCapture:
     """See the module docstring."""
 
     def __init__(self, child: Child, batcher: OutputBatcher, *, renderer: ScreenRenderer | None = None,
-                 quiet_s: float = 0.25, redraw_quiet_s: float = 2.0):
+                 quiet_s: float = 0.25, redraw_quiet_s: float = 2.0,
+                 leader_reachable: Callable[[], bool] = lambda: False, hold_bytes: int = HOLD_BYTES):
         self._child = child
+        self._leader_reachable = leader_reachable
+        self._hold_bytes = hold_bytes
+        self.held = False
         self.batcher = batcher
         self.renderer = renderer
         self._loop = asyncio.get_running_loop()
@@ -69,6 +78,22 @@ class OutputCapture:
             self.batcher.feed(cleaned, now)
         self.batcher.touch(now)
         self._wake.set()
+        if not self.held and self.batcher.pending_bytes > self._hold_bytes and self._leader_reachable():
+            self.held = True
+            for reader in self._readers:
+                reader.pause()
+
+    def _release_if_drained(self) -> None:
+        """Resume reading once the backlog halved, or at once when the leader is not reachable."""
+        if self.held and (self.batcher.pending_bytes <= self._hold_bytes // 2 or not self._leader_reachable()):
+            self.held = False
+            for reader in self._readers:
+                reader.resume()
+
+    async def _watch_hold(self) -> None:
+        while True:
+            await asyncio.sleep(HOLD_CHECK_S)
+            self._release_if_drained()
 
     def _on_eof(self) -> None:
         self._open -= 1
@@ -132,6 +157,13 @@ class OutputCapture:
     async def post_loop(self, post: Callable[[str, bool], Awaitable[None]]) -> None:
         """Post batches with ``post(text, last)`` (``last``: nothing else is pending, the output
         paused there) until :meth:`finish` was called and everything is posted."""
+        watcher = asyncio.create_task(self._watch_hold(), name="follow-backpressure")
+        try:
+            await self._post_all(post)
+        finally:
+            watcher.cancel()
+
+    async def _post_all(self, post: Callable[[str, bool], Awaitable[None]]) -> None:
         while True:
             self._wake.clear()
             now = self._loop.time()
@@ -140,6 +172,7 @@ class OutputCapture:
             if self.batcher.ready(now) or (self._ended and self.batcher.has_pending):
                 batch = self.batcher.take() or ""
                 await post(batch, not self.batcher.has_pending)
+                self._release_if_drained()
                 continue
             if self._ended:
                 return

@@ -156,6 +156,15 @@ class FdReader:
         else:
             self.stop()
 
+    def pause(self) -> None:
+        """Stop taking output for now (the child blocks once its pipe is full, as on a slow terminal)."""
+        if not self.eof:
+            asyncio.get_running_loop().remove_reader(self.fd)
+
+    def resume(self) -> None:
+        if not self.eof:
+            asyncio.get_running_loop().add_reader(self.fd, self._readable)
+
     def stop(self) -> None:
         """Stop reading and close the descriptor (idempotent); ``on_eof`` runs once."""
         if self.eof:

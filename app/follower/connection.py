@@ -226,7 +226,9 @@ class BusConnection:
                     return
                 logger.info("follower: leader not ready (HTTP {}); retrying", exc.status)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                logger.info("follower: cannot reach the leader ({}); retrying", type(exc).__name__)
+                logger.warning("follower: cannot reach the leader at {} ({}): is `topicbus leader` running there? "
+                               "Start it, or point --leader / TOPICBUS_LEADER_URL at it; retrying",
+                               self._url, type(exc).__name__)
             else:
                 try:
                     registered = await self._serve(ws)

@@ -150,7 +150,8 @@ async def run_follow(
                 if pty else None)
     batcher = OutputBatcher(max_batch_chars=max_batch_chars, flush_interval_s=flush_interval_s,
                             max_delay_s=max_delay_s)
-    capture = OutputCapture(child, batcher, renderer=renderer, quiet_s=flush_interval_s)
+    capture = OutputCapture(child, batcher, renderer=renderer, quiet_s=flush_interval_s,
+                            leader_reachable=lambda: client.registered)
     workdir = os.path.abspath(cwd) if cwd else os.getcwd()
     inbox = os.path.join(workdir, INBOX_DIR)
     background: set[asyncio.Task] = set()

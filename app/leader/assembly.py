@@ -20,22 +20,25 @@ from topicbus.core.liveness import LivenessPort
 from topicbus.core.mutations import FollowerMutationQueue
 from topicbus.core.pruning import FollowerPruner
 from topicbus.core.startup import Timers
+from topicbus.leader.agent_commands import AgentCommands, OfflineQueue
 from topicbus.leader.control import ControlDesk
 from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.departure import DepartureHandler, Departures
 from topicbus.leader.followers import FollowerDesk
+from topicbus.leader.inbound import InboundScreen
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundOptions, OutboundScheduler, ScheduledGateway
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.provisioning import TopicProvisioner
+from topicbus.leader.reactions import ReceiptReactions, reaction_emoji
 from topicbus.leader.registration import Registrations
 from topicbus.leader.roster import Roster
 from topicbus.leader.rotation import SlotRotation
 from topicbus.leader.routing import Router
 from topicbus.leader.status import StatusView
 from topicbus.leader.term import LeaderTerm
-from topicbus.leader.titles import DEBOUNCE_S, DisplayReconciler, TitleCache
-from topicbus.leader.topics import ControlTopic, TopicEvents, mark_topic_gone
+from topicbus.leader.titles import DEBOUNCE_S, DisplayReconciler
+from topicbus.leader.topics import ControlTopic, TopicCache, TopicEvents, record_topic_gone
 from topicbus.storage.admission import AdmissionLedger
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.journal import JournalRepository
@@ -52,7 +55,7 @@ class LeaderServices:
     mutations: FollowerMutationQueue
     preferences: Preferences
     control: ControlTopic
-    titles: TitleCache
+    titles: TopicCache
     display: DisplayReconciler
     topics: TopicEvents
     rotation: SlotRotation
@@ -65,26 +68,36 @@ class LeaderServices:
     control_desk: ControlDesk
     status: StatusView
     followers: FollowerDesk
+    agent_commands: AgentCommands
+    reactions: ReceiptReactions
 
 
 def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
-             default_display_mode: DisplayMode, stale_after_ms: int, outbound_options: OutboundOptions,
-             display_debounce_s: float = DEBOUNCE_S) -> LeaderServices:
+             default_display_mode: DisplayMode | None, stale_after_ms: int, outbound_options: OutboundOptions,
+             display_debounce_s: float = DEBOUNCE_S, offline_ttl_s: float = 86_400.0,
+             receipt_reaction: str | None = "👀") -> LeaderServices:
     telegram = TelegramGateway(bot)
-    roster = Roster(DeliveryHub(JournalRepository(term.db), term.clock, term.authority))
+    titles = TopicCache(BindingRepository(term.db))
     # Every outbound call of the term goes through the one scheduler that spends the chat's budget;
-    # the use cases get the gateway's methods through it (ScheduledGateway).
+    # the use cases get the gateway's methods through it (ScheduledGateway). A topic Telegram says
+    # is gone is recorded in the store; its follower learns it at its next heartbeat.
     outbound = OutboundScheduler(term, telegram, outbound_options,
-                                 on_topic_gone=functools.partial(mark_topic_gone, term, roster))
+                                 on_topic_gone=functools.partial(record_topic_gone, term, titles))
     gateway = ScheduledGateway(telegram, outbound)
+    journal = JournalRepository(term.db)
+    screen = InboundScreen(journal, term.clock, term.authority, offline_ttl_ms=int(offline_ttl_s * 1000))
+    # The receipt reaction is the lowest-priority call, skipped while output is held back.
+    reactions = ReceiptReactions(react=gateway.set_message_reaction, chat_id=term.chat_id,
+                                 emoji=reaction_emoji(receipt_reaction), spawn=term.spawn)
+    roster = Roster(DeliveryHub(journal, term.clock, term.authority, screen=screen,
+                                on_delivered=reactions.on_delivered))
     admission = AdmissionLedger(term.db, term.owner, term.now_ms, term.authority)
     mutations = FollowerMutationQueue()
     preferences = Preferences(term, default_cleanup=default_cleanup, default_display_mode=default_display_mode)
     control = ControlTopic()
-    titles = TitleCache(BindingRepository(term.db))
     display = DisplayReconciler(term=term, roster=roster, preferences=preferences, control=control, gateway=gateway,
                                 admission=admission, timers=timers, titles=titles, debounce_s=display_debounce_s)
-    topics = TopicEvents(term, roster, titles.invalidate, display.schedule)
+    topics = TopicEvents(term, roster, titles, display.schedule)
     provisioner = TopicProvisioner(term, gateway, preferences)
     rotation = SlotRotation(term=term, roster=roster, admission=admission, gateway=gateway, gate=provisioner.gate)
     departures = Departures(term, roster, preferences, admission, mutations, DepartureHandler(term, gateway),
@@ -97,7 +110,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record,
         on_pruned=roster.pruned)
     notices = Notices(term, control, outbound.wake)
-    router = Router(term, roster, gateway, notices, outbound)
+    router = Router(term, roster, gateway, notices, outbound, timers=timers)
+    agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
                                   admission=admission, mutations=mutations, pruner=pruner, titles=titles,
                                   control=control, on_roster_change=display.schedule)
@@ -111,15 +125,17 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                           preferences=preferences,
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
-                          registrations=registrations, control_desk=control_desk, status=status, followers=followers)
+                          registrations=registrations, control_desk=control_desk, status=status, followers=followers,
+                          agent_commands=agent_commands, reactions=reactions)
 
 
 async def open_term(services: LeaderServices, *, replay: bool = True,
                     provision_control: Callable[[], Awaitable[bool]] | None = None) -> bool:
     """The start sequence before followers are accepted (SPEC §6.5): the outbound scheduler (through
     which every Telegram call goes), settings, the startup window, holds of earlier leaders dropped,
-    pending cleanups replayed, the control topic, the previous roster restored, pruning begun. ``provision_control`` provisions the control
-    topic (default: once, raising on failure); it returns False when the term should not go on."""
+    pending cleanups replayed, the control topic, the previous roster restored, pruning begun, album
+    gathering and the offline queue's sweep. ``provision_control`` provisions the control topic
+    (default: once, raising on failure); it returns False when the term should not go on."""
     s = services
     authority = s.term.authority()
     s.outbound.start()  # every Telegram call below (replay, the control topic) goes through it
@@ -134,6 +150,9 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
         await s.registrations.provision_control_topic()
     elif not await provision_control():
         return False
+    s.outbound.start()
+    await s.router.start()
+    s.agent_commands.queue.start()
     await s.registrations.restore_roster()
     s.pruner.begin()
     return True

@@ -53,19 +53,26 @@ class ControlDesk:
         return await self._admission.run(self._term.new_id(), "workspace.set-display-mode", [PROFILE], op)
 
     async def forget_slot(self, slot: str) -> str:
-        """Operator proof that the follower of ``slot`` is gone: the same departure as a proven death."""
+        """Operator proof that the agent of ``slot`` is gone: the same departure as a proven death.
+
+        The answers are for a phone: they name the slot and its title, never an internal id, and
+        say what to do next."""
         slot = slot.strip().upper()
         binding = next((b for b in await self._bindings.all() if b.slot == slot), None)
         if binding is None:
-            return f"No binding holds slot {slot}."
+            return f"No agent holds slot {slot}. /status lists the slots in use."
         if binding.kind == "leader":
-            return f"Slot {slot} is the control topic; it cannot be forgotten."
+            return f"Slot {slot} is this control topic; it cannot be forgotten."
+        title = binding.display_title or binding.thread_name
+        name = f"Slot {slot} ({title})" if title and title != slot else f"Slot {slot}"
         live = [f for f in self._roster.followers() if f.binding_key == binding.binding_key]
         if live:
-            return f"Slot {slot} has a live follower ({live[0].instance_id}); stop it first."
+            return (f"{name} still has a running agent, so it is not forgotten. End the agent instead: send /kill "
+                    "in its topic, or stop it on its computer. Its topic is then deleted or kept as /cleanup says; "
+                    "/forget is only for an agent that is gone but still counted.")
         owner = await self._bindings.owner(binding.binding_key)
         if owner is None:
-            return f"Slot {slot} has no owner to forget (already detached)."
+            return f"{name} has no agent to forget: it was already released (its topic is kept, already detached)."
         record = FollowerRecord(instance_id=owner.instance_id, registration_generation=owner.registration_generation,
                                 pid=owner.pid, process_birth_id=owner.process_birth_id, host_id=owner.host_id,
                                 profile_key=binding.binding_key, target=Target(binding.chat_id, binding.thread_id),
@@ -74,8 +81,13 @@ class ControlDesk:
         try:
             deleted = await self._departures.forget(record)
         except CleanupUnconfirmed as exc:
-            return str(exc)
+            if "not confirmed" not in str(exc):
+                return f"{name} cannot be forgotten right now; try again in a moment."
+            return (f"{name}: Telegram did not confirm that its topic was deleted. Nothing is lost: the leader "
+                    "tries again at its next start, or send /forget again in a moment.")
         self._term.events.record("Operator forgot a slot", phase="operator-forget", slot=slot, cleanup=deleted)
         if deleted:
-            return f"Slot {slot} forgotten: its topic was deleted; the slot keeps its name for that workspace."
-        return f"Slot {slot} forgotten: its topic is kept and detached (inactive, eligible for rotation)."
+            return (f"{name} forgotten: its topic was deleted. If that agent comes back, it gets a new topic "
+                    "under the same letter.")
+        return (f"{name} forgotten: its topic is kept (cleanup is off) and is reused if that agent comes back; "
+                "otherwise the slot can go to a new agent when all 26 are taken.")

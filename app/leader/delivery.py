@@ -5,6 +5,11 @@ starts a fresh route (high-water mark 0) so everything unacknowledged is sent ag
 order. Receipts are applied in batches: under load one transaction marks many items delivered; a
 receipt lost in a crash only means a redelivery, which followers drop by ``deliveryId``.
 
+What a follower is given for each row is the :class:`~topicbus.leader.inbound.InboundScreen`'s
+answer (adapted to its capabilities, settled without sending, or held while an album gathers).
+Rows a receipt newly settled go to ``on_delivered`` (the receipt reaction). ``send_now`` carries
+the items that are never journaled (``control``) to one exact follower generation.
+
 No caller waits on a follower: :meth:`DeliveryHub.deliver_new` (called under the router's journal
 lock, inside the poll batch) only hands frames to the connection's send queue, and only while that
 queue has room. Everything else — a backlog, a route that is not caught up, a follower that reads
@@ -16,12 +21,13 @@ stay journaled and are sent again when it returns).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from loguru import logger
 
 from topicbus.core.clock import Clock
+from topicbus.leader.inbound import HOLD, InboundScreen
 from topicbus.protocol import deliver_frame, may_deliver
 from topicbus.storage.db import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository, parse_delivery_id
@@ -65,10 +71,14 @@ class _Route:
 
 
 class DeliveryHub:
-    def __init__(self, journal: JournalRepository, clock: Clock, authority: Callable[[], Authority]):
+    def __init__(self, journal: JournalRepository, clock: Clock, authority: Callable[[], Authority], *,
+                 screen: InboundScreen | None = None,
+                 on_delivered: Callable[[list[JournalItem]], Awaitable[None]] | None = None):
         self._journal = journal
         self._clock = clock
         self._authority = authority
+        self._screen = screen or InboundScreen(journal, clock, authority)
+        self._on_delivered = on_delivered
         self._routes: dict[str, _Route] = {}  # binding_key -> current route
         self.delivered = 0
         self._receipts: list[tuple[int, str]] = []
@@ -133,7 +143,11 @@ class DeliveryHub:
                         continue  # sent directly meanwhile
                     if not self._current(binding_key, route):
                         return sent
-                    if not await self._deliverable(binding_key, route, item):
+                    prepared = await self._screen.screen(binding_key, route.capabilities, item)
+                    if prepared is HOLD:  # an album still gathering: its seal kicks the route again
+                        route.caught_up = False
+                        return sent
+                    if prepared is None:
                         route.high_water = item.seq
                         continue
                     try:
@@ -141,7 +155,7 @@ class DeliveryHub:
                             await route.connection.writable()
                             if not self._current(binding_key, route):
                                 return sent
-                        await route.connection.send_frame(self._frame(route, item))
+                        await route.connection.send_frame(self._frame(route, item, prepared))
                     except Exception as exc:  # noqa: BLE001 - a dropped socket; items stay pending
                         logger.bind(phase="delivery").debug("delivery send failed: {}", type(exc).__name__)
                         return sent
@@ -172,11 +186,15 @@ class DeliveryHub:
                 if route.connection.congested or not self._current(binding_key, route):
                     self._want(binding_key, route)  # the pump sends the rest once the follower drains
                     return sent
-                if not await self._deliverable(binding_key, route, item):
+                prepared = await self._screen.screen(binding_key, route.capabilities, item)
+                if prepared is HOLD:
+                    route.caught_up = False
+                    return sent
+                if prepared is None:
                     route.high_water = item.seq
                     continue
                 try:
-                    await route.connection.send_frame(self._frame(route, item))
+                    await route.connection.send_frame(self._frame(route, item, prepared))
                 except Exception:  # noqa: BLE001 - a dropped socket; items stay pending
                     route.caught_up = False
                     return sent
@@ -185,18 +203,24 @@ class DeliveryHub:
         return sent
 
     @staticmethod
-    def _frame(route: _Route, item: JournalItem) -> dict[str, Any]:
-        return deliver_frame(item.delivery_id, route.instance_id, route.generation, item.payload)
+    def _frame(route: _Route, item: JournalItem, payload: dict[str, Any]) -> dict[str, Any]:
+        return deliver_frame(item.delivery_id, route.instance_id, route.generation, payload)
 
-    async def _deliverable(self, binding_key: str, route: _Route, item: JournalItem) -> bool:
-        """A delivery type the follower did not advertise is never sent to it (SPEC §9.1): the item
-        is settled as if received, so it neither blocks the route nor waits for ever."""
-        if may_deliver(item.payload, route.capabilities):
-            return True
-        logger.bind(phase="delivery").info("delivery {} ({}) not sent: the follower does not take this type",
-                                           item.delivery_id, item.payload.get("type"))
-        await self.receipt(binding_key, item.delivery_id)
-        return False
+    async def send_now(self, binding_key: str, instance_id: str, generation: str, delivery_id: str,
+                       item: dict[str, Any]) -> bool:
+        """Send an item that is not journaled (``control``) to exactly this follower generation,
+        at once; False when that generation is not the binding's live route (or the socket failed,
+        or it did not advertise the item's type). Never sent again: a successor never gets it."""
+        route = self._routes.get(binding_key)
+        if (route is None or route.connection.closed or route.instance_id != instance_id
+                or route.generation != generation or not may_deliver(item, route.capabilities)):
+            return False
+        try:
+            await route.connection.send_frame(deliver_frame(delivery_id, instance_id, generation, item))
+        except Exception as exc:  # noqa: BLE001 - a dead socket: the caller says it was not sent
+            logger.bind(phase="delivery").debug("control send failed: {}", type(exc).__name__)
+            return False
+        return True
 
     async def receipt(self, binding_key: str, delivery_id: str) -> bool:
         """Queue a follower's receipt; applied with others in one transaction, soon."""
@@ -212,14 +236,19 @@ class DeliveryHub:
         while self._receipts:
             batch, self._receipts = self._receipts, []
             try:
-                self.delivered += await self._journal.mark_delivered_many(batch, self._clock.now_ms(),
-                                                                          self._authority())
+                settled = await self._journal.settle_receipts(batch, self._clock.now_ms(), self._authority())
             except Exception as exc:  # noqa: BLE001 - unmarked items are redelivered later, never lost
                 self.journal_error = f"receipts not recorded ({type(exc).__name__})"
                 logger.bind(phase="delivery").warning("receipts not recorded ({}); items will be redelivered",
                                                       type(exc).__name__)
                 return
             self.journal_error = None
+            self.delivered += len(settled)
+            if settled and self._on_delivered is not None:
+                try:
+                    await self._on_delivered(settled)
+                except Exception as exc:  # noqa: BLE001 - a reaction never costs a receipt
+                    logger.bind(phase="delivery").warning("on_delivered failed ({})", type(exc).__name__)
 
     async def flush(self) -> None:
         """Wait until every queued receipt is recorded (tests, shutdown)."""

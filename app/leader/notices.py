@@ -17,8 +17,35 @@ from topicbus.leader.topics import ControlTopic
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.db import Authority
 from topicbus.storage.outbox import OutboxRepository
+from topicbus.storage.runtime_settings import WELCOMED, RuntimeSettingsRepository
 
 LEADER_INSTANCE = "leader"  # the outbox's instance id for everything the leader itself posts
+WELCOME_REQUEST_ID = "welcome"  # one per database: the outbox keeps (instance, request) unique
+
+
+def welcome_text(version: str, bus_url: str, *, secret_set: bool = True) -> str:
+    """The control topic's first message on a new database: what runs, and how to attach an agent."""
+    unset = ("" if secret_set else
+             "The leader has no TOPICBUS_BUS_SECRET yet, so it refuses every agent: set one and restart it.\n")
+    return (f"👋 topicbus {version} is running.\n"
+            f"Bus: {bus_url}\n{unset}\n"
+            "Attach an agent from a terminal on that computer, with TOPICBUS_BUS_SECRET set to the leader's secret:\n"
+            f"topicbus follow --leader {bus_url} -- <command>\n\n"
+            "Each agent gets its own topic in this group; what you write there goes to its input. "
+            "This topic is for commands: /help lists them.")
+
+
+GENERAL_HINT = ("Messages here reach no agent. Write in an agent's topic (each agent started with "
+                "topicbus follow has one), or send /help in the “topicbus control” topic.")
+TOPIC_HINT = ("This topic belongs to no agent, so nothing written here is delivered. Write in an agent's topic "
+              "(each agent started with topicbus follow has one), or send /help in the “topicbus control” topic.")
+HINT_INTERVAL_MS = 10 * 60 * 1000  # at most one hint per place (General, or one topic) in this time
+HINT_MEMORY_LIMIT = 4096
+
+
+def restart_text(epoch: int) -> str:
+    """One line after a start whose predecessor did not release the lease (crash, kill, lost lease)."""
+    return f"leader started (epoch {epoch}); the previous leader did not stop cleanly"
 
 
 class Notices:
@@ -28,6 +55,9 @@ class Notices:
         self._wake = wake_outbound
         self._bindings = BindingRepository(term.db)
         self._outbox = OutboxRepository(term.db)
+        self._settings = RuntimeSettingsRepository(term.db)
+        self._hinted: dict[tuple[int, int | None], int] = {}  # place → when the last hint was posted
+        self._agent_topics: set[tuple[int, int]] = set()  # thread ids are never reused: hits stay true
 
     async def post(self, binding_key: str, text: str, *, authority: Authority | None = None,
                    fmt: str | None = None) -> bool:
@@ -45,11 +75,58 @@ class Notices:
             return
         await self.post(self._control.binding_key, text, fmt=fmt)
 
+    async def hint_outside(self, chat_id: int, thread_id: int | None) -> bool:
+        """An owner wrote outside the agent topics: in General (``thread_id`` None) or in a topic
+        that is neither an agent's nor the control topic. One short hint there, at most once per
+        ``HINT_INTERVAL_MS`` per place; True when one was posted."""
+        if thread_id is not None and await self._is_leader_topic(chat_id, thread_id):
+            return False
+        place, now = (chat_id, thread_id), self._term.now_ms()
+        last = self._hinted.get(place)
+        if last is not None and now - last < HINT_INTERVAL_MS:
+            return False
+        if len(self._hinted) >= HINT_MEMORY_LIMIT:
+            self._hinted.clear()
+        self._hinted[place] = now
+        await self._enqueue(f"outside:{chat_id}:{thread_id or 'general'}", chat_id, thread_id,
+                            GENERAL_HINT if thread_id is None else TOPIC_HINT, None)
+        return True
+
+    async def _is_leader_topic(self, chat_id: int, thread_id: int) -> bool:
+        """The control topic, or a topic a binding holds (an agent's, online or not)."""
+        if thread_id == self._control.thread_id or (chat_id, thread_id) in self._agent_topics:
+            return True
+        if await self._bindings.by_target(chat_id, thread_id) is None:
+            return False
+        if len(self._agent_topics) >= HINT_MEMORY_LIMIT:
+            self._agent_topics.clear()
+        self._agent_topics.add((chat_id, thread_id))
+        return True
+
+    async def welcome(self, text: str) -> bool:
+        """The first-start welcome in the control topic, once per database: False when this
+        database was already welcomed (or predates the welcome, see migration 005).
+
+        The outbox row has a fixed request id, so a crash between posting and recording it
+        repeats nothing: the next start finds the same row and only records it."""
+        if self._control.binding_key is None or await self._settings.get(WELCOMED) is not None:
+            return False
+        binding = await self._bindings.get(self._control.binding_key)
+        if binding is None or not binding.has_live_topic:
+            return False
+        authority = self._term.authority()
+        await self._enqueue(binding.binding_key, binding.chat_id, binding.thread_id, text, authority,
+                            request_id=WELCOME_REQUEST_ID)
+        await self._settings.set(WELCOMED, "posted", self._term.now_ms(), authority)
+        return True
+
     async def _enqueue(self, binding_key: str, chat_id: int, thread_id: int | None, text: str,
-                       authority: Authority | None, fmt: str | None) -> None:
+                       authority: Authority | None, fmt: str | None = None, *,
+                       request_id: str | None = None) -> None:
         now = self._term.now_ms()
         await self._outbox.enqueue(binding_key=binding_key, chat_id=chat_id, thread_id=thread_id,
-                                   instance_id=LEADER_INSTANCE, request_id=f"notice:{self._term.new_id()}",
+                                   instance_id=LEADER_INSTANCE,
+                                   request_id=request_id or f"notice:{self._term.new_id()}",
                                    kind="notice", payload={"text": text[:4096]}, now_ms=now,
                                    authority=authority or self._term.authority(), priority=Priority.CONTROL,
                                    units=utf16_len(text[:4096]), fmt=fmt)

@@ -94,7 +94,7 @@ class OutboundStats:
 
 class OutboundScheduler:
     def __init__(self, term: LeaderTerm, gateway: TelegramGateway, options: OutboundOptions,
-                 on_topic_gone: Callable[[int, int], Awaitable[None]] | None = None):
+                 on_topic_gone: Callable[[int, int], Awaitable[object]] | None = None):
         self._term = term
         self._gateway = gateway
         self._repo = OutboxRepository(term.db)
@@ -206,7 +206,10 @@ class OutboundScheduler:
                 next_at = time.monotonic() + 1.0
             timeout = None if next_at == float("inf") else max(0.0, next_at - time.monotonic())
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as the
+                # event is set (gh-86296), and stop() would then wait for this task for ever.
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             except TimeoutError:
                 continue
             await asyncio.sleep(WAKE_DEBOUNCE_S)  # let a burst of sends land before planning
@@ -311,7 +314,7 @@ class OutboundScheduler:
         except Exception as exc:  # noqa: BLE001 - a gateway never raises; this is a bug guard
             result = CallResult(Outcome.AMBIGUOUS, type(exc).__name__)
         finally:
-            self.budget.record(time.monotonic(), spends=call.spends)
+            self.budget.record(time.monotonic(), spends=call.spends, priority=call.priority)
         if result.outcome is Outcome.RETRY_AFTER:
             self.budget.pause(time.monotonic(), result.retry_after_s)
             if time.monotonic() + result.retry_after_s < call.deadline:
@@ -320,27 +323,30 @@ class OutboundScheduler:
         if not call.future.done():
             call.future.set_result(result)
 
-    async def _send(self, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]]) -> CallResult:
+    async def _send(self, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]],
+                    priority: Priority = Priority.OUTPUT) -> CallResult:
         """One call; it is counted when its answer came (so the count never runs ahead of Telegram's)."""
         try:
             return await coro_fn()
         finally:
-            self.budget.record(time.monotonic(), spends=spends)
+            self.budget.record(time.monotonic(), spends=spends, priority=priority)
 
     async def _single(self, key: TopicKey, topic: _Topic, item: QueuedItem, now: float) -> None:
         payload = (await self._repo.payloads([item.id])).get(item.id, {})
         chat, thread = key
         if item.kind == "chatAction":
-            result = await self._send(False, lambda: self._gateway.send_chat_action(chat, thread, payload["action"]))
+            result = await self._send(False, lambda: self._gateway.send_chat_action(chat, thread, payload["action"]),
+                                      item.priority)
         else:
             data = base64.b64decode(payload.get("dataBase64", ""), validate=False)
             caption = render(payload["caption"], None) if payload.get("caption") else None
             send = self._gateway.send_photo if item.kind == "photo" else self._gateway.send_document
-            result = await self._send(True, lambda: send(chat, thread, payload.get("fileName", "file"), data, caption))
+            result = await self._send(True, lambda: send(chat, thread, payload.get("fileName", "file"), data, caption),
+                                      item.priority)
             if result.outcome is Outcome.REJECTED and item.kind == "photo":
                 # Telegram would not take it as a photo (size, dimensions): the same bytes as a file.
                 result = await self._send(True, lambda: self._gateway.send_document(
-                    chat, thread, payload.get("fileName", "file"), data, caption))
+                    chat, thread, payload.get("fileName", "file"), data, caption), item.priority)
         if await self._settle(key, topic, (item,), result):
             if item.kind != "chatAction":
                 topic.turn.stream.live = None
@@ -362,7 +368,8 @@ class OutboundScheduler:
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
             result = await self._send_text(key, part, raw, silent=not step.notify or not last,
-                                           markup=markup if last else None)
+                                           markup=markup if last else None,
+                                           priority=min(i.priority for i in step.items))
             if result.outcome is not Outcome.OK:
                 break
             message_id = result.value if isinstance(result.value, int) else None
@@ -376,14 +383,15 @@ class OutboundScheduler:
                 self.stats.units_sent += utf16_len(raw)
 
     async def _send_text(self, key: TopicKey, message: Rendered, raw: str, *, silent: bool,
-                         markup: Any = None) -> CallResult:
+                         markup: Any = None, priority: Priority = Priority.OUTPUT) -> CallResult:
         chat, thread = key
         result = await self._send(True, lambda: self._gateway.send_message(chat, thread, message, silent=silent,
-                                                                            buttons=markup))
+                                                                            buttons=markup), priority)
         if result.outcome is Outcome.REJECTED and message.parse_mode and "parse" in result.message.lower():
             # HTML Telegram cannot parse: the source as plain text, once.
             result = await self._send(True, lambda: self._gateway.send_message(chat, thread, as_plain(raw),
-                                                                                silent=silent, buttons=markup))
+                                                                                silent=silent, buttons=markup),
+                                      priority)
         return result
 
     async def _extend(self, key: TopicKey, topic: _Topic, step: Extend, now: float) -> None:
@@ -463,6 +471,12 @@ class OutboundScheduler:
             await self._repo.note_attempt(ids[0], "topic gone", authority)
             if self._on_topic_gone is not None:
                 await self._on_topic_gone(chat, thread)
+            if failed := await self._repo.fail_unbound(chat, thread, "topic gone", authority):
+                self.stats.failed += failed
+                self._term.events.record("Topic is gone; output no binding can take elsewhere dropped",
+                                         phase="outbox-topic-gone", level="WARNING", chatId=chat, threadId=thread,
+                                         items=failed)
+                self.wake(*key)
         elif thread is not None and "topic_closed" in result.message.lower():
             await self._reopen(key, topic, ids[0])
         else:
@@ -480,7 +494,7 @@ class OutboundScheduler:
         assert thread is not None
         self._term.events.record("Topic was closed; reopening it before sending", phase="topic-reopen",
                                  chatId=chat, threadId=thread)
-        result = await self._send(True, lambda: self._gateway.reopen_topic(chat, thread))
+        result = await self._send(True, lambda: self._gateway.reopen_topic(chat, thread), Priority.ANSWER)
         await self._repo.note_attempt(item_id, f"topic closed; reopen: {result.outcome}", self._term.authority())
         if not result.ok:
             topic.paused_until = time.monotonic() + topic.backoff.next()
@@ -521,6 +535,12 @@ class ScheduledGateway:
     async def send_chat_action(self, chat_id: int, thread_id: int | None, action: str) -> CallResult:
         return await self._scheduler.call(Priority.OUTPUT, chat_id, thread_id,
                                           lambda: self._gateway.send_chat_action(chat_id, thread_id, action),
+                                          spends=False)
+
+    async def set_message_reaction(self, chat_id: int, message_id: int, emoji: str) -> CallResult:
+        """The receipt reaction: the least important call, skipped while output is held back."""
+        return await self._scheduler.call(Priority.BACKGROUND, chat_id, None,
+                                          lambda: self._gateway.set_message_reaction(chat_id, message_id, emoji),
                                           spends=False)
 
     async def download(self, file_id: str) -> CallResult:

@@ -1,32 +1,41 @@
 """Settings an owner changes from Telegram: the cleanup policy and the display mode.
 
 Persisted in ``runtime_settings``; once set they win over ``THREAD_CLEANUP`` / ``DISPLAY_MODE`` from
-the environment. The cleanup policy is read from the store every time it decides something
+the environment. Without either, the display mode is the database's own default: ``names`` for a
+new database, ``letters`` for one created before that default (recorded by migration 005, so an
+upgrade renames nothing). The cleanup policy is read from the store every time it decides something
 destructive: an unreadable policy is *unknown*, never a guess.
 """
 
 from __future__ import annotations
 
-from topicbus.core.display import DisplayMode
+from topicbus.core.display import NEW_DATABASE_DISPLAY_MODE, DisplayMode
 from topicbus.leader.term import LeaderTerm
 from topicbus.storage.db import Authority
-from topicbus.storage.runtime_settings import CLEANUP_POLICY, DISPLAY_MODE, RuntimeSettingsRepository
+from topicbus.storage.runtime_settings import (CLEANUP_POLICY, DISPLAY_MODE, DISPLAY_MODE_DEFAULT,
+                                               RuntimeSettingsRepository)
 
 
 class Preferences:
-    def __init__(self, term: LeaderTerm, *, default_cleanup: bool, default_display_mode: DisplayMode):
+    def __init__(self, term: LeaderTerm, *, default_cleanup: bool, default_display_mode: DisplayMode | None):
+        """``default_display_mode`` is ``DISPLAY_MODE`` from the environment (None when not set)."""
         self._term = term
         self._repo = RuntimeSettingsRepository(term.db)
         self._default_cleanup = default_cleanup
         self._default_display_mode = default_display_mode
-        self.display_mode: DisplayMode = default_display_mode
+        self.display_mode: DisplayMode = default_display_mode or NEW_DATABASE_DISPLAY_MODE
 
     async def load(self) -> None:
-        mode = await self._repo.get(DISPLAY_MODE)
-        try:
-            self.display_mode = DisplayMode(mode) if mode else self._default_display_mode
-        except ValueError:
-            self.display_mode = self._default_display_mode
+        """The stored mode (``/mode``), else the environment's, else the database's default."""
+        for mode in (await self._repo.get(DISPLAY_MODE), self._default_display_mode,
+                     await self._repo.get(DISPLAY_MODE_DEFAULT)):
+            try:
+                if mode:
+                    self.display_mode = DisplayMode(mode)
+                    return
+            except ValueError:
+                continue
+        self.display_mode = NEW_DATABASE_DISPLAY_MODE
 
     async def cleanup_policy(self) -> bool | None:
         """True: delete; False: preserve; None: unknown (unreadable or invalid)."""

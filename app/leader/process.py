@@ -21,7 +21,10 @@ from loguru import logger
 from telegram.error import InvalidToken, NetworkError, TimedOut
 from telegram.ext import Application, ContextTypes
 
-from topicbus import handlers
+from topicbus import __version__, handlers
+from topicbus.bot.chat_check import check_chat, setup_fix
+from topicbus.bot.gateway import TelegramGateway, redact_bot_urls
+from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
 from topicbus.bot.timers import JobQueueTimers
@@ -33,6 +36,7 @@ from topicbus.core.budget import BudgetConfig
 from topicbus.core.output import OutputConfig
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
 from topicbus.leader.health import LeaderHealth
+from topicbus.leader.notices import restart_text, welcome_text
 from topicbus.leader.outbound import OutboundOptions
 from topicbus.leader.provisioning import SlotUnavailable, TopicCreationFailed
 from topicbus.leader.rotation import RotationBlocked
@@ -56,9 +60,9 @@ def outbound_options(s: Settings) -> OutboundOptions:
     """The chat's budget and the shape of output, from the environment."""
     budget = BudgetConfig.for_chat(s.chat_id or 0, per_minute=s.rate_limit_per_chat_per_minute,
                                    per_second=s.rate_limit_per_chat_per_second, reserve=s.budget_reserve,
-                                   overall_per_second=s.rate_limit_per_second)
+                                   overall_per_second=s.rate_limit_per_second, window_s=s.rate_limit_window_s)
     output = OutputConfig(file_threshold=s.output_file_threshold, live_window_ms=int(s.live_message_s * 1000),
-                          quiet_ms=int(s.stream_quiet_s * 1000))
+                          quiet_ms=int(s.stream_quiet_s * 1000), coalesce=s.output_coalesce)
     return OutboundOptions(budget=budget, output=output, max_items=s.outbox_max_items, max_bytes=s.outbox_max_bytes)
 
 
@@ -97,6 +101,7 @@ class LeaderProcess:
         announced = False
         try:
             while not stop.is_set():
+                previous = await leases.current()
                 authority = await leases.try_acquire(self.owner, self.clock.now_ms(),
                                                      self.settings.lease_stale_after_ms)
                 if authority is None:
@@ -110,7 +115,12 @@ class LeaderProcess:
                 term = LeaderTerm(db=db, clock=self.clock, chat_id=self.settings.chat_id or 0, events=self.events,
                                   owner=self.owner)
                 term.begin(authority)
-                self.leadership = Leadership(self.settings, term, self.server, leases, self.health)
+                # A predecessor that stopped cleanly released the lease (heartbeat 0); one that
+                # crashed, was killed or lost its lease left its last heartbeat behind.
+                unclean = (previous is not None and previous.heartbeat_at_ms != 0
+                           and previous.epoch + 1 == authority.epoch)
+                self.leadership = Leadership(self.settings, term, self.server, leases,
+                                             after_unclean_stop=unclean, health=self.health)
                 lost = await self.leadership.run(stop)
                 self.leadership = None
                 if lost:
@@ -166,9 +176,10 @@ class LeaderProcess:
 class Leadership:
     """Everything that exists only while this process holds the lease."""
 
-    def __init__(self, settings: Settings, term: LeaderTerm, server: BusServer, leases: LeaseRepository,
-                 health: LeaderHealth | None = None):
+    def __init__(self, settings: Settings, term: LeaderTerm, server: BusServer, leases: LeaseRepository, *,
+                 after_unclean_stop: bool = False, health: LeaderHealth | None = None):
         self.settings = settings
+        self.after_unclean_stop = after_unclean_stop
         self.health = health or LeaderHealth(poll_deadline_s=settings.health_poll_deadline_s,
                                              lease_stale_after_ms=settings.lease_stale_after_ms)
         self.term = term
@@ -196,10 +207,21 @@ class Leadership:
         services = assemble(self.term, bot=app.bot, timers=JobQueueTimers(jq),
                             liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
                             default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms,
-                            outbound_options=outbound_options(s))
+                            outbound_options=outbound_options(s), offline_ttl_s=s.offline_ttl_s,
+                            receipt_reaction=s.receipt_reaction)
         self.services = services
+        # Before the term opens: the start-up checks call Telegram directly (no chat budget spent,
+        # and the scheduler has not started yet).
+        telegram = TelegramGateway(app.bot)
+        try:
+            await self._check_chat(telegram, app.bot.id)
+        except FatalLeaderError:
+            await app.shutdown()
+            raise
+        await self._sync_command_menu(telegram)
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
-                                   batch=self._journaled_batch(services))
+                                   batch=self._journaled_batch(services),
+                                   holds_lease=lambda: self.term.current() is not None and not self.lost.is_set())
         self.health.begin_term(self.poller, services.roster.hub)
         handlers.register_all(app, services, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
         app.add_error_handler(self._handler_error)
@@ -211,6 +233,7 @@ class Leadership:
                                                             "misfire_grace_time": None, "coalesce": True})
             if not await open_term(services, provision_control=lambda: self._provision_control_topic(stop)):
                 return self.lost.is_set()
+            await self._greet(services)
             jq.run_repeating(self._prune, interval=s.prune_interval_ms / 1000, first=s.prune_interval_ms / 1000,
                              name=PRUNE_JOB_ID, job_kwargs={"id": PRUNE_JOB_ID, "replace_existing": True,
                                                             "coalesce": True, "max_instances": 1,
@@ -225,6 +248,36 @@ class Leadership:
             await self._teardown(app, services)
         return self.lost.is_set()
 
+    async def _greet(self, services: LeaderServices) -> None:
+        """The control topic's first words: the welcome on a new database; later, one line when the
+        previous leader did not stop cleanly (a clean restart says nothing)."""
+        url = self.settings.bus_url(self.server.bound_port)
+        secret = self.settings.bus_secret is not None and bool(self.settings.bus_secret.get_secret_value())
+        try:
+            if await services.notices.welcome(welcome_text(__version__, url, secret_set=secret)):
+                logger.bind(phase="startup").info("welcome posted in the control topic (bus {})", url)
+            elif self.after_unclean_stop:
+                await services.notices.answer(restart_text(self.term.authority().epoch))
+        except Exception as exc:  # noqa: BLE001 - a greeting is never worth a term (a lost lease shows up anyway)
+            logger.bind(phase="startup").warning("control topic greeting not posted ({})", type(exc).__name__)
+
+    async def _check_chat(self, telegram: TelegramGateway, bot_id: int) -> None:
+        """A chat the bot cannot run topics in is a configuration error: exit 2 with the fix."""
+        chat_id = self.settings.chat_id or 0
+        verdict = await check_chat(telegram, chat_id, bot_id)
+        if verdict.fix is not None:
+            raise FatalLeaderError(f"cannot use TOPICBUS_CHAT_ID {chat_id}: {verdict.fix}")
+        if verdict.note is not None:
+            logger.bind(phase="startup").warning("could not check the chat ({}); going on", redact_bot_urls(verdict.note))
+
+    async def _sync_command_menu(self, telegram: TelegramGateway) -> None:
+        """The group's command menu, set only when it differs from Telegram's (a failure is not fatal)."""
+        outcome, detail = await sync_command_menu(telegram, self.settings.chat_id or 0)
+        if outcome is MenuSync.FAILED:
+            logger.bind(phase="startup").warning("command menu not set ({}); the commands still work", detail)
+        elif outcome is MenuSync.SET:
+            logger.bind(phase="startup").info("command menu set for the chat")
+
     async def _provision_control_topic(self, stop: asyncio.Event) -> bool:
         """The control topic is needed before followers are accepted; retry until Telegram allows it."""
         assert self.services is not None
@@ -234,6 +287,9 @@ class Leadership:
                 await self.services.registrations.provision_control_topic()
                 return True
             except (TopicCreationFailed, SlotUnavailable, RotationBlocked, AdmissionBlocked) as exc:
+                fix = setup_fix(str(exc), self.settings.chat_id or 0) if isinstance(exc, TopicCreationFailed) else None
+                if fix is not None:
+                    raise FatalLeaderError(f"cannot create the control topic: {fix}") from None
                 delay = backoff.next()
                 logger.bind(phase="leader-provision").error(
                     "cannot provision the control topic: {} — check that the bot is an admin with Manage Topics "
@@ -252,8 +308,12 @@ class Leadership:
             except InvalidToken as exc:
                 raise FatalLeaderError("Telegram rejected TOPICBUS_BOT_TOKEN (getMe failed)") from exc
             except (TimedOut, NetworkError) as exc:
-                logger.bind(phase="startup").warning("Telegram not reachable ({}); retrying", type(exc).__name__)
-                await backoff.sleep(stop)
+                delay = backoff.next()
+                logger.bind(phase="startup").warning(
+                    "cannot reach Telegram at {}getMe ({}: {}); retrying in {:.1f}s. Check the network "
+                    "(a proxy, a firewall) and TOPICBUS_API_BASE_URL", f"{self.settings.api_base_url}<token>/",
+                    type(exc).__name__, redact_bot_urls(str(exc)), delay)
+                await sleep_or_stop(delay, stop)
                 if not await self._leases.refresh(self.term.authority(), self.term.now_ms()):
                     self._lose()
                     return False

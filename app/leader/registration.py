@@ -20,8 +20,7 @@ from topicbus.leader.provisioning import ProvisionRequest, SlotUnavailable, Topi
 from topicbus.leader.roster import Roster
 from topicbus.leader.rotation import RotationBlocked, SlotRotation
 from topicbus.leader.term import LeaderTerm
-from topicbus.leader.titles import TitleCache
-from topicbus.leader.topics import CONTROL_TOPIC_TITLE, ControlTopic
+from topicbus.leader.topics import CONTROL_TOPIC_TITLE, ControlTopic, TopicCache
 from topicbus.protocol import (ErrorCode, FollowerRequest, ProtocolError, Registration, check_compatibility,
                                superseded_frame)
 from topicbus.storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger, Scope
@@ -33,7 +32,7 @@ from topicbus.storage.outbox import OutboxRepository
 class Registrations:
     def __init__(self, *, term: LeaderTerm, roster: Roster, provisioner: TopicProvisioner, rotation: SlotRotation,
                  admission: AdmissionLedger, mutations: FollowerMutationQueue, pruner: FollowerPruner,
-                 titles: TitleCache, control: ControlTopic, on_roster_change: Callable[[], None]):
+                 titles: TopicCache, control: ControlTopic, on_roster_change: Callable[[], None]):
         self._term = term
         self._roster = roster
         self._provisioner = provisioner
@@ -128,8 +127,13 @@ class Registrations:
 
     async def heartbeat(self, req: FollowerRequest) -> dict[str, Any]:
         entry = self.registered(req)
+        key = entry.binding_key or ""
+        if not await self._titles.is_live(key):
+            # Its topic is gone (Telegram said so): register again, and a new topic is made.
+            self._roster.drop(entry.instance_id)
+            raise ProtocolError(ErrorCode.UNKNOWN_INSTANCE, "The follower's topic is gone; register again.")
         self._roster.registry.heartbeat(entry.instance_id, self._term.now_ms())
-        return {"displayTitle": await self._titles.get(entry.binding_key or "")}
+        return {"displayTitle": await self._titles.title(key)}
 
     async def restore_roster(self) -> int:
         """A new term: followers that owned topics under the previous leader are put back in the

@@ -3,7 +3,16 @@
 Inbound: journal first, then deliver; an item leaves the journal only on the follower's receipt
 (at-least-once, followers drop duplicates by ``deliveryId``). Inside :meth:`Router.inbound_batch`
 owner messages are only queued; the whole ``getUpdates`` batch is journaled in one transaction when
-the batch closes, before the poller confirms those updates.
+the batch closes, before the poller confirms those updates. A reserved command in the batch first
+flushes what was queued before it (:meth:`Router.flush_batch`), so it acts after those messages.
+
+Albums: each part is journaled as it arrives (``gathering``), so a confirmed update is never only in
+memory. The parts of one ``media_group_id`` are sealed into one ``media`` item about
+:data:`ALBUM_WINDOW_S` after the last part arrived (a one-shot timer per album, pushed back by each
+part), or at once when the album is full; delivery stops at a gathering part, so nothing after the
+album overtakes it. A term that starts with albums still gathering (its predecessor crashed) seals
+them one window after it starts (:meth:`Router.start`), so late parts that Telegram sends again still
+join their album. Sealing is one transaction, so the album is delivered once.
 
 Outbound: a follower's ``follower.send`` is stored durably (idempotent per request id) and the
 outbound sender is woken; Telegram is never called on the bus request's path.
@@ -21,21 +30,32 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from loguru import logger
+
 from topicbus.core.registry import FollowerRecord
+from topicbus.core.startup import Timers
 from topicbus.leader.delivery import FollowerConnection
+from topicbus.leader.inbound import MAX_ALBUM_FILES, combine_album, too_large_files, too_large_notice
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundScheduler, ScheduledGateway
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
-from topicbus.protocol import ErrorCode, ProtocolError, SendRequest
 from topicbus.core.formatting import utf16_len
+from topicbus.protocol import CAP_EDIT, ErrorCode, ProtocolError, SendRequest
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.db import Authority, AuthorityLost
 from topicbus.storage.journal import JournalItem, JournalRepository
 from topicbus.storage.outbox import OutboxRepository
 
-OFFLINE_NOTICE = "⏸ This agent is offline. Your message is kept and will be delivered when it reconnects."
+OFFLINE_NOTICE = ("⏸ This agent is offline. Your message is kept and will be delivered when it reconnects. "
+                  "/queue lists what waits, /drop discards it.")
+EDITS_NOT_TAKEN = ("✏️ This agent does not take edits: it keeps the message as you first sent it. "
+                   "Send the corrected text as a new message.")
 TARGET_CACHE_LIMIT = 4096
+ALBUM_WINDOW_S = 1.0  # an album is sealed this long after its last part arrived
+ALBUM_JOB_PREFIX = "topicbus.album:"
+
+Row = tuple[int, str, dict[str, Any], str | None]  # update id, binding key, payload, media group
 
 
 class LatencyWindow:
@@ -63,8 +83,12 @@ class RouteResult:
 
 class Router:
     def __init__(self, term: LeaderTerm, roster: Roster, gateway: ScheduledGateway, notices: Notices,
-                 outbound: OutboundScheduler):
+                 outbound: OutboundScheduler, *, timers: Timers | None = None,
+                 album_window_s: float = ALBUM_WINDOW_S):
         self._term = term
+        self._timers = timers
+        self._album_window_s = album_window_s
+        self._edit_noticed: set[tuple[str, str]] = set()  # (binding, generation) told that edits are not taken
         self._roster = roster
         self._gateway = gateway
         self._notices = notices
@@ -73,29 +97,46 @@ class Router:
         self._bindings = BindingRepository(term.db)
         self.journal = JournalRepository(term.db)
         self.outbox = OutboxRepository(term.db)
-        self._batch: list[tuple[int, str, dict[str, Any]]] | None = None
+        self._batch: list[Row] | None = None
+        self._batch_received_at: float | None = None
         self._journal_lock = asyncio.Lock()
         self._target_cache: dict[tuple[int, int], str] = {}
         self.latency = LatencyWindow()
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0}
 
     # --- inbound ----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """A new term: albums left gathering by the previous leader are sealed one window from now."""
+        for binding_key, group in await self.journal.gathering_groups():
+            self._schedule_seal(binding_key, group)
+
     async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
-                                  payload: dict[str, Any]) -> RouteResult:
-        """Journal one owner message for the binding of its topic, then deliver it."""
-        binding_key = await self._follower_binding_for(chat_id, thread_id)
+                                  payload: dict[str, Any], *, media_group: str | None = None) -> RouteResult:
+        """Journal one owner item (message, media, edit) for the binding of its topic, then deliver
+        it. ``media_group``: the album this part belongs to (delivered with its album, once)."""
+        binding_key = await self.binding_for_topic(chat_id, thread_id)
         if binding_key is None:
             self.stats["ignored"] += 1
             return RouteResult(False, "unknown-topic")
+        row: Row = (update_id, binding_key, payload, media_group or None)
         if self._batch is not None:
-            self._batch.append((update_id, binding_key, payload))
+            self._batch.append(row)
             return RouteResult(True, "queued")
-        items = await self._journal_and_deliver([(update_id, binding_key, payload)])
+        items = await self._journal_and_deliver([row])
         if not items:
             return RouteResult(False, "duplicate")
         return RouteResult(True, "journaled", items[0].delivery_id)
 
-    async def _follower_binding_for(self, chat_id: int, thread_id: int) -> str | None:
+    def live_follower(self, binding_key: str) -> FollowerRecord | None:
+        """The follower that registered with this leader for a binding and is routed now."""
+        if not self._roster.is_routed(binding_key):
+            return None
+        for record in self._roster.followers():
+            if record.binding_key == binding_key and not self._roster.is_restored(record.instance_id):
+                return record
+        return None
+
+    async def binding_for_topic(self, chat_id: int, thread_id: int) -> str | None:
         """The follower binding that owns a topic. Thread ids are never reused by Telegram, so a
         found mapping stays true for as long as that topic can send updates; only hits are cached
         (a topic created later is looked up in the store)."""
@@ -114,7 +155,7 @@ class Router:
     async def inbound_batch(self, received_at: float | None = None) -> AsyncIterator[None]:
         """Collect the owner messages of one getUpdates batch and journal them together.
         ``received_at`` (perf_counter) is when the batch arrived, for the route-latency figure."""
-        self._batch = []
+        self._batch, self._batch_received_at = [], received_at
         try:
             yield
             batch = self._batch
@@ -123,8 +164,17 @@ class Router:
         if batch:
             await self._journal_and_deliver(batch, received_at)
 
-    async def _journal_and_deliver(self, rows: list[tuple[int, str, dict[str, Any]]],
-                                   received_at: float | None = None) -> list[JournalItem]:
+    async def flush_batch(self) -> None:
+        """Journal and deliver the owner messages queued so far in this batch, now: a reserved
+        command then acts after the messages sent before it. Outside a batch: nothing to do."""
+        if self._batch:
+            rows = list(self._batch)
+            await self._journal_and_deliver(rows, self._batch_received_at)
+            # Only once journaled: if that failed, the rows stay in the batch, whose close journals
+            # them again (duplicates are dropped by update id) or does not confirm the batch.
+            del self._batch[:len(rows)]
+
+    async def _journal_and_deliver(self, rows: list[Row], received_at: float | None = None) -> list[JournalItem]:
         authority = self._term.authority()
         async with self._journal_lock:  # appends and their first delivery stay in journal order
             items = await self.journal.append_many(rows, self._term.now_ms(), authority)
@@ -133,6 +183,10 @@ class Router:
             by_binding: dict[str, list[JournalItem]] = {}
             for item in items:
                 by_binding.setdefault(item.binding_key, []).append(item)
+            full = []
+            for key, group_id in dict.fromkeys((i.binding_key, i.media_group) for i in items if i.media_group):
+                if await self._album_part_added(key, group_id):
+                    full.append((key, group_id))
             for key, group in by_binding.items():
                 if self._roster.is_routed(key):
                     await self._roster.hub.deliver_new(key, group)
@@ -140,7 +194,59 @@ class Router:
                         self.latency.add_many((time.perf_counter() - received_at) * 1000.0, len(group))
                 else:
                     await self._notify_offline(key, authority)
+            for key, group_id in full:
+                await self._seal(key, group_id)
+        for item in items:
+            await self._tell_owner(item, authority)
         return items
+
+    async def _tell_owner(self, item: JournalItem, authority: Authority) -> None:
+        """What the topic must know about an item just journaled: files too large for the agent,
+        and an edit that the live follower will not take."""
+        files = too_large_files(item.payload)
+        if files:
+            await self._notices.post(item.binding_key, too_large_notice(files), authority=authority)
+        if item.payload.get("type") == "edit":
+            record = self.live_follower(item.binding_key)
+            if record is not None and CAP_EDIT not in record.capabilities:
+                told = (item.binding_key, record.registration_generation)
+                if told not in self._edit_noticed:
+                    self._edit_noticed.add(told)
+                    await self._notices.post(item.binding_key, EDITS_NOT_TAKEN, authority=authority)
+
+    # --- albums -----------------------------------------------------------------------------------
+    async def _album_part_added(self, binding_key: str, group: str) -> bool:
+        """Push the album's seal back by one window; True when it is to be sealed now (it is full)."""
+        if self._timers is None or await self.journal.count_gathering(binding_key, group) >= MAX_ALBUM_FILES:
+            if self._timers is not None:
+                self._timers.cancel(self._album_job(binding_key, group))
+            return True
+        self._schedule_seal(binding_key, group)
+        return False
+
+    @staticmethod
+    def _album_job(binding_key: str, group: str) -> str:
+        return f"{ALBUM_JOB_PREFIX}{binding_key}:{group}"
+
+    def _schedule_seal(self, binding_key: str, group: str) -> None:
+        if self._timers is None:
+            return
+        self._timers.once(self._album_job(binding_key, group), self._album_window_s,
+                          lambda: self._seal(binding_key, group))
+
+    async def _seal(self, binding_key: str, group: str) -> None:
+        """Fold an album's parts into one item (one transaction), then deliver it."""
+        try:
+            album = await self.journal.seal_group(binding_key, group, combine_album, self._term.now_ms(),
+                                                  self._term.authority())
+        except AuthorityLost:
+            return  # the next leader seals it when its term starts
+        except Exception as exc:  # noqa: BLE001 - storage trouble: try again one window later
+            logger.bind(phase="album").warning("album not sealed yet ({}); retrying", type(exc).__name__)
+            self._schedule_seal(binding_key, group)
+            return
+        if album is not None and self._roster.is_routed(binding_key):
+            await self._roster.hub.kick(binding_key)
 
     async def _notify_offline(self, binding_key: str, authority: Authority) -> None:
         async with self._term.unit_of_work(authority) as uow:

@@ -8,9 +8,6 @@
 * Debounced through the term's timers (PTB's JobQueue; one pass per burst of roster changes), and
   suppressed during the :class:`~topicbus.core.startup.StartupWindow` so that followers still
   re-registering are not treated as gone; one deferred pass runs when the window ends.
-
-:class:`TitleCache` answers "what is this binding's title" for heartbeats (every second per follower)
-without a database read; every writer of a title invalidates it.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from topicbus.core.startup import StartupWindow, Timers
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
-from topicbus.leader.topics import ControlTopic, mark_topic_gone
+from topicbus.leader.topics import ControlTopic, TopicCache, mark_topic_gone
 from topicbus.storage.admission import PROFILE, AdmissionLedger
 from topicbus.storage.bindings import Binding, BindingRepository
 from topicbus.storage.db import Authority
@@ -33,26 +30,6 @@ from topicbus.storage.db import Authority
 DEBOUNCE_JOB_ID = "topicbus.display-debounce"
 DEBOUNCE_S = 1.0
 RETRY_S = 5.0
-
-
-class TitleCache:
-    """A binding's current title, read through a small cache (heartbeats ask every second)."""
-
-    def __init__(self, bindings: BindingRepository):
-        self._bindings = bindings
-        self._titles: dict[str, str] = {}
-
-    async def get(self, binding_key: str) -> str | None:
-        if binding_key not in self._titles:
-            binding = await self._bindings.get(binding_key)
-            if binding is None:
-                return None
-            self._titles[binding_key] = binding.title
-        return self._titles[binding_key]
-
-    def invalidate(self, binding_key: str) -> None:
-        """Every writer of a binding's title calls this (registration, reconciler, rename)."""
-        self._titles.pop(binding_key, None)
 
 
 @dataclass(frozen=True)
@@ -63,7 +40,7 @@ class _EditAuthority:
 
 class DisplayReconciler:
     def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, control: ControlTopic,
-                 gateway: ScheduledGateway, admission: AdmissionLedger, timers: Timers, titles: TitleCache,
+                 gateway: ScheduledGateway, admission: AdmissionLedger, timers: Timers, titles: TopicCache,
                  debounce_s: float = DEBOUNCE_S):
         self._term = term
         self._roster = roster
@@ -134,7 +111,7 @@ class DisplayReconciler:
             self._assert_current(authority, mode, binding, edit_authority)
             result = await self._gateway.edit_topic(binding.chat_id, binding.thread_id or 0, title)
             if result.outcome is Outcome.GONE:
-                await mark_topic_gone(self._term, self._roster, binding.chat_id, binding.thread_id or 0)
+                await mark_topic_gone(self._term, self._titles, self._roster, binding.chat_id, binding.thread_id or 0)
                 continue
             if not result.ok:
                 raise DisplayEditFailed(f"editForumTopic for slot {binding.slot} failed ({result.outcome}): "

@@ -25,31 +25,68 @@ class ControlTopic:
     thread_id: int | None = None
 
 
-async def mark_topic_gone(term: LeaderTerm, roster: Roster, chat_id: int, thread_id: int) -> bool:
-    """Telegram says the topic does not exist: mark its binding's topic deleted and drop its
-    followers from routing (they register again on their next heartbeat and get a new topic).
-    Returns whether a binding held that topic."""
+class TopicCache:
+    """Each binding's topic as heartbeats need it — its title, and whether it is still live — read
+    through a small cache (every follower asks every second). Every writer invalidates it."""
+
+    def __init__(self, bindings: BindingRepository):
+        self._bindings = bindings
+        self._topics: dict[str, tuple[str, bool]] = {}
+
+    async def _read(self, binding_key: str) -> tuple[str, bool] | None:
+        if binding_key not in self._topics:
+            binding = await self._bindings.get(binding_key)
+            if binding is None:
+                return None
+            self._topics[binding_key] = (binding.title, binding.has_live_topic)
+        return self._topics[binding_key]
+
+    async def title(self, binding_key: str) -> str | None:
+        found = await self._read(binding_key)
+        return None if found is None else found[0]
+
+    async def is_live(self, binding_key: str) -> bool:
+        found = await self._read(binding_key)
+        return found is not None and found[1]
+
+    def invalidate(self, binding_key: str) -> None:
+        """Every writer of a binding's title or topic calls this (registration, reconciler, rename, gone)."""
+        self._topics.pop(binding_key, None)
+
+
+async def record_topic_gone(term: LeaderTerm, topics: TopicCache, chat_id: int, thread_id: int) -> str | None:
+    """Telegram says the topic does not exist: mark its binding's topic deleted (the binding keeps
+    slot and name). Its follower learns it at its next heartbeat, registers again and gets a new
+    topic. Returns the binding key, if a binding held that topic."""
     async with term.unit_of_work() as uow:
         key = await BindingRepository.mark_topic_deleted_tx(uow, chat_id, thread_id, term.now_ms())
     if key is None:
-        return False
+        return None
+    topics.invalidate(key)
     term.events.record("Topic is gone; binding kept for re-provisioning", phase="topic-deleted",
                        chatId=chat_id, threadId=thread_id)
+    return key
+
+
+async def mark_topic_gone(term: LeaderTerm, topics: TopicCache, roster: Roster, chat_id: int, thread_id: int) -> bool:
+    """:func:`record_topic_gone`, and its followers dropped from routing at once."""
+    key = await record_topic_gone(term, topics, chat_id, thread_id)
+    if key is None:
+        return False
     roster.drop_binding(key)
     return True
 
 
 class TopicEvents:
-    def __init__(self, term: LeaderTerm, roster: Roster, titles_changed: Callable[[str], None],
-                 on_roster_change: Callable[[], None]):
+    def __init__(self, term: LeaderTerm, roster: Roster, topics: TopicCache, on_roster_change: Callable[[], None]):
         self._term = term
         self._roster = roster
         self._bindings = BindingRepository(term.db)
-        self._titles_changed = titles_changed
+        self._topics = topics
         self._on_roster_change = on_roster_change
 
     async def gone(self, chat_id: int, thread_id: int) -> None:
-        if await mark_topic_gone(self._term, self._roster, chat_id, thread_id):
+        if await mark_topic_gone(self._term, self._topics, self._roster, chat_id, thread_id):
             self._on_roster_change()
 
     async def state_changed(self, chat_id: int, thread_id: int, state: str) -> None:
@@ -58,6 +95,7 @@ class TopicEvents:
             return
         async with self._term.unit_of_work() as uow:
             await BindingRepository.set_topic_state_tx(uow, binding.binding_key, state)
+        self._topics.invalidate(binding.binding_key)
 
     async def renamed(self, chat_id: int, thread_id: int, name: str) -> None:
         """An owner renamed the topic in Telegram: that is its manual name now."""
@@ -66,4 +104,4 @@ class TopicEvents:
             return
         async with self._term.unit_of_work() as uow:
             await BindingRepository.set_manual_name_tx(uow, binding.binding_key, name[:128])
-        self._titles_changed(binding.binding_key)
+        self._topics.invalidate(binding.binding_key)

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from topicbus.leader.notices import GENERAL_HINT, TOPIC_HINT
 from tests.e2e.harness import (CHAT_ID, OWNER_ID, RECORDING_AGENT, SECRET, Cluster, RawBus, recorded_lines,
                                register_frame)
 
@@ -616,7 +617,8 @@ def _chat() -> dict[str, Any]:
 
 
 async def test_unroutable_telegram_updates_are_ignored_and_routing_continues(cluster: Cluster):
-    """Well-formed updates that must not reach any follower; a valid one after them still does."""
+    """Well-formed updates that must not reach any follower; a valid one after them still does.
+    (An owner's edit in an agent's topic is routed since issue 13: tests/e2e/test_inbound.py.)"""
     await cluster.start_leader()
     await cluster.wait_polling()
     out, thread = await start_recorded_follower(cluster, "tg-target")
@@ -631,7 +633,6 @@ async def test_unroutable_telegram_updates_are_ignored_and_routing_continues(clu
                                   "from": {"id": 1087968824, "is_bot": True, "first_name": "Group"},
                                   "sender_chat": _chat()}})
     fake.push_message(CHAT_ID, "BAD unknown thread", thread_id=987654, from_id=OWNER_ID)
-    fake.push_edited_message(CHAT_ID, 9003, "BAD edited", thread_id=thread, from_id=OWNER_ID)
     fake.push_update({"message": {**in_topic, "message_id": 9004, "text": "BAD from the bot itself",
                                   "from": fake._bot_from()}})
     fake.push_message(CHAT_ID, "BAD from a stranger", thread_id=thread, from_id=OWNER_ID + 1)
@@ -652,7 +653,13 @@ async def test_unroutable_telegram_updates_are_ignored_and_routing_continues(clu
     await cluster.wait_for(lambda: "valid owner message" in recorded_lines(out), message="valid message delivered")
     assert recorded_lines(out) == ["valid owner message"]
     await cluster.wait_for(lambda: not fake.pending_updates(), message="all updates confirmed")
-    assert len(fake.calls_to("sendMessage")) == sends_before  # no notice, no reply to anything bad
+    # No notice, no reply to anything bad; only the owner's messages outside agent topics get the
+    # hint where they were written (General, the topic nobody owns, the unknown thread).
+    def hinted() -> set[int | None]:
+        return {c.params.get("message_thread_id") for c in fake.calls_to("sendMessage")[sends_before:]}
+
+    await cluster.wait_for(lambda: hinted() == {None, unowned, 987654}, message="hints outside agent topics")
+    assert all(c.params["text"] in (GENERAL_HINT, TOPIC_HINT) for c in fake.calls_to("sendMessage")[sends_before:])
     assert all(not (m.text or "").startswith("BAD") for m in fake.sent)
     code, health = await asyncio.to_thread(cluster.http, "/healthz", secret=None)
     assert code == 200 and health["role"] == "leader" and health["epoch"] == 1

@@ -27,13 +27,14 @@ async def test_control_commands_answer_owners_in_the_control_topic(cluster: Clus
     assert any(line.startswith("B ") and "live" in line for line in board.splitlines())
     await ask("/help", "/forget <slot>")
     await ask("/cleanup maybe", "Usage: /cleanup on|off (currently on)")
-    await ask("/cleanup off", "Thread cleanup is off")
+    await ask("/cleanup off", "Cleanup is off: when an agent ends, its topic is kept")
     assert (await cluster.status())["cleanupPolicy"] == "off"
     await ask("/mode rainbow", "Usage: /mode")
     await ask("/mode names", "Display mode is now names")
     assert (await cluster.status())["displayMode"] == "names"
     await ask("/forget", "Usage: /forget <slot letter>")
-    await ask("/forget B", "has a live follower")
+    answer = await ask("/forget B", "still has a running agent, so it is not forgotten")
+    assert "send /kill in its topic" in answer and "ctl-agent" in answer  # its title, no internal id
 
     # a stranger's command is ignored: no answer, nothing changed
     before = len(cluster.texts_in(control))

@@ -113,6 +113,8 @@ class LeaderEnv:
         # A budget the tests never wait for, unless a test asks for Telegram's real one.
         self.outbound_options = OutboundOptions(budget=BudgetConfig(per_minute=100_000, per_second=1_000,
                                                                     overall_per_second=10_000))
+        self.offline_ttl_s = 86_400.0
+        self.receipt_reaction: str | None = "👀"
         self.services: LeaderServices | None = None
         self.term: LeaderTerm | None = None
         self.authority: Authority | None = None
@@ -134,7 +136,8 @@ class LeaderEnv:
                                  liveness=self.liveness, default_cleanup=self.cleanup,  # type: ignore[arg-type]
                                  default_display_mode=self.display_mode, stale_after_ms=self.stale_after_ms,
                                  display_debounce_s=self.display_debounce_s,
-                                 outbound_options=self.outbound_options)
+                                 outbound_options=self.outbound_options, offline_ttl_s=self.offline_ttl_s,
+                                 receipt_reaction=self.receipt_reaction)
 
         async def no_control_topic() -> bool:
             return True

@@ -153,16 +153,18 @@ async def test_mode_change_is_persisted_and_wins_after_restart(env: LeaderEnv):
 
 async def test_forget_slot_applies_the_cleanup_policy(env: LeaderEnv):
     services = await env.start()
-    r = await env.register("gone", cwd="/work/gone", pid=77)
+    r = await env.register("i-77-gone", cwd="/work/gone", pid=77)
     answer = await services.control_desk.forget_slot(r["slot"])
-    assert "live follower" in answer and env.calls("deleteForumTopic") == []
-    services.roster.registry.remove("gone")  # pruned from routing, death not provable
+    assert "still has a running agent" in answer and "send /kill in its topic" in answer
+    assert "i-77" not in answer  # no internal id: the slot and its title
+    assert env.calls("deleteForumTopic") == []
+    services.roster.registry.remove("i-77-gone")  # pruned from routing, death not provable
     answer = await services.control_desk.forget_slot(r["slot"].lower())
     assert "deleted" in answer
     assert env.fake.topic(CHAT, r["threadId"]).deleted
-    assert "already detached" in await services.control_desk.forget_slot(r["slot"])
+    assert "already released" in await services.control_desk.forget_slot(r["slot"])
     assert "control topic" in await services.control_desk.forget_slot("A")
-    assert "No binding" in await services.control_desk.forget_slot("Q")
+    assert "No agent holds slot Q" in await services.control_desk.forget_slot("Q")
 
 
 async def test_heartbeat_answers_the_current_title_after_a_change(env: LeaderEnv):

@@ -405,3 +405,43 @@ async def test_the_hand_off_is_bounded_only_while_the_leader_is_unreachable(lead
         if not task.done():
             task.cancel()
     assert "last words" not in joined(leader) and leader.disconnects == []
+
+
+async def test_a_full_backlog_at_the_leader_blocks_the_child_like_a_slow_terminal(leader: FakeLeader, follow,
+                                                                                  tmp_path: Path) -> None:
+    """While the leader answers backlog-full, follow stops reading: the child blocks on its pipe
+    instead of follow piling output up or dropping it; when the backlog drains, everything arrives."""
+    progress = tmp_path / "progress"
+    leader.send_errors = ["backlog-full"] * 100_000
+    proc = await follow(script=f"""
+        import sys
+        for i in range(4000):
+            sys.stdout.write(f"{{i:05d}} " + "x" * 1000 + "\\n")
+            sys.stdout.flush()
+            open({str(progress)!r}, "w").write(str(i))
+    """)
+    await wait_until(lambda: progress.exists() and int(progress.read_text() or 0) > 100, timeout=START_S,
+                     message="the child printing")
+    # Held back: the child cannot get far beyond follow's hold (256 KiB) plus the pipe (64 KiB).
+    await wait_until(lambda: _stable(progress), timeout=20, message="the child blocked on its pipe")
+    assert int(progress.read_text()) < 1000, progress.read_text()
+    leader.send_errors.clear()  # Telegram caught up: the backlog drains
+    assert await proc.wait(timeout=60) == 0
+    lines = [line for line in joined(leader).split("\n") if line[:5].isdigit()]
+    assert [int(line[:5]) for line in lines] == list(range(4000))  # nothing dropped, in order
+
+
+_last_progress: dict[Path, tuple[str, float]] = {}
+
+
+def _stable(path: Path) -> bool:
+    """True once the file has not changed for a second (checked on successive calls)."""
+    import time
+
+    value = path.read_text()
+    now = time.monotonic()
+    seen = _last_progress.get(path)
+    if seen is None or seen[0] != value:
+        _last_progress[path] = (value, now)
+        return False
+    return now - seen[1] >= 1.0

@@ -36,6 +36,25 @@ def test_output_stops_at_the_reserve_and_control_may_spend_it() -> None:
     assert budget.under_pressure(16.0)
 
 
+def test_control_spends_come_out_of_the_reserve_so_output_keeps_its_share() -> None:
+    budget = ChatBudget(GROUP)
+    for second in range(4):  # the control topic answered four times: the reserve is used up
+        budget.record(float(second), spends=True, priority=Priority.CONTROL)
+    now = 4.0
+    while (at := budget.ready_at(now, Priority.OUTPUT)) < 60:
+        now = at
+        budget.record(now, spends=True)
+    assert budget.used(now) == 20  # output may take the other 16 in full, not 16 minus what control spent
+    budget2 = ChatBudget(GROUP)
+    budget2.record(0.0, spends=True, priority=Priority.ANSWER)  # one of the four reserved spent
+    for second in range(1, 40):
+        if budget2.ready_at(float(second), Priority.OUTPUT) == float(second):
+            budget2.record(float(second), spends=True)
+    assert budget2.used(40.0) == 17  # output took 16, its share; the reserve keeps three more
+    assert budget2.ready_at(40.0, Priority.OUTPUT) == 60.0
+    assert budget2.ready_at(40.0, Priority.CONTROL) == 40.0
+
+
 def test_the_window_slides() -> None:
     budget = ChatBudget(GROUP)
     for second in range(20):
@@ -75,3 +94,11 @@ def test_private_chats_have_no_window() -> None:
 def test_a_group_keeps_the_window_and_a_reserve_below_it() -> None:
     config = BudgetConfig.for_chat(-100123, per_minute=3, per_second=1, reserve=4, overall_per_second=30)
     assert config.per_minute == 3 and config.reserve == 2  # output always keeps at least one
+
+
+def test_the_per_second_spacing_alone_is_not_pressure() -> None:
+    budget = ChatBudget(GROUP)
+    budget.record(10.0, spends=True)
+    budget.record(10.01, spends=False)  # a reaction right after a message
+    assert budget.ready_at(10.02, Priority.OUTPUT) == 11.0
+    assert not budget.under_pressure(10.02)  # reactions and chat actions still go

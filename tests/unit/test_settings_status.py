@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from topicbus.settings import ConfigurationError, load_settings
-from topicbus.core.display import DisplayMode
 from topicbus.core.board import render_board, render_text
 
 TOKEN = "123456:settings-test-token-value-000000000"
@@ -42,7 +41,7 @@ def test_leader_requires_token_chat_and_owners_but_not_the_bus_secret():
         "TOPICBUS_BOT_TOKEN", "TOPICBUS_CHAT_ID", "TOPICBUS_OWNER_IDS"]
     ok = load_settings(None, bot_token=TOKEN, chat_id=-100, owner_ids="1, 2")
     assert ok.leader_problems() == [] and ok.owner_ids == frozenset({1, 2})
-    assert ok.display_mode is DisplayMode.LETTERS and ok.thread_cleanup is True
+    assert ok.display_mode is None and ok.thread_cleanup is True  # None: the database's default mode
 
 
 def test_status_renders_a_standby_without_a_live_view():

@@ -190,6 +190,14 @@ def test_workspace_label(identity: WorkspaceIdentity, label: str) -> None:
         (WorkspaceIdentity("h", "/", ""), "C", "/"),
         (WorkspaceIdentity("h", "", "instance:abc"), "D", "Agent D"),
         (WorkspaceIdentity("h", "/home/me/my   dir", ""), "A", "my dir"),
+        # never the same word twice in a title
+        (WorkspaceIdentity("h", "/home/me/pyu", "pyu"), "A", "pyu"),
+        (WorkspaceIdentity("h", "/home/me/pyu", "PYU"), "A", "pyu"),
+        (WorkspaceIdentity("h", "/home/me/myApp", "my-app"), "A", "myApp"),
+        (WorkspaceIdentity("h", "/home/me/pyu", "pyu tests"), "A", "pyu tests"),
+        (WorkspaceIdentity("h", "/home/me/api-server", "api worker"), "A", "api-server · worker"),
+        (WorkspaceIdentity("h", "/home/me/api", "tests"), "A", "api · tests"),
+        (WorkspaceIdentity("h", "/", "main"), "A", "/ · main"),
     ],
 )
 def test_default_thread_name(identity: WorkspaceIdentity, slot: str, name: str) -> None:

@@ -1,0 +1,75 @@
+"""The journal's states on a real SQLite file: the migration keeps rows and the seq high-water mark
+(a delivery id is never handed out twice), receipts settle each row once, albums seal in one
+transaction, /drop and expiry settle what waits, and the purge keeps what the topic was not told."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from topicbus.leader.inbound import combine_album, media_item
+from topicbus.storage.db import Database
+from topicbus.storage.lease import LeaseRepository
+from topicbus.storage.journal import JournalRepository
+from topicbus.storage.migrate import apply_migrations, discover
+
+
+def test_the_migration_keeps_rows_and_never_reuses_a_seq(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrations = discover()
+    before = next(i for i, m in enumerate(migrations) if "inbound_states" in m.name)
+    apply_migrations(conn, migrations[:before])
+    for update_id in range(1, 6):
+        conn.execute("INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms) VALUES (?, 'k', '{}', 1)",
+                     (update_id,))
+    conn.execute("UPDATE inbound_journal SET status = 'delivered', delivered_at_ms = 2 WHERE seq <= 2")
+    conn.execute("DELETE FROM inbound_journal WHERE seq >= 4")  # purged: the high-water mark stays 5
+    apply_migrations(conn, migrations)
+    assert conn.execute("SELECT seq, status FROM inbound_journal").fetchall() == [(1, "delivered"), (2, "delivered"),
+                                                                                    (3, "pending")]
+    conn.execute("INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms) VALUES (9, 'k', '{}', 1)")
+    assert conn.execute("SELECT MAX(seq) FROM inbound_journal").fetchone()[0] == 6
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("UPDATE inbound_journal SET status = 'lost' WHERE seq = 3")
+    conn.close()
+
+
+def photo(file_id: str, caption: str | None = None) -> dict:
+    return media_item(files=[{"fileId": file_id, "fileName": "p.jpg", "kind": "photo"}], caption=caption, messageId=1)
+
+
+async def test_receipts_seal_drop_expire_and_purge(tmp_path):
+    db = await Database.open(tmp_path / "j.sqlite3")
+    try:
+        authority = await LeaseRepository(db).try_acquire("me", 1_000, 8_000)
+        assert authority is not None
+        journal = JournalRepository(db)
+        items = await journal.append_many([(1, "a", photo("p1", "trip"), "g"), (2, "a", photo("p2"), "g"),
+                                           (3, "a", {"type": "message", "text": "after"}), (4, "b", {"type": "message"})],
+                                          1_000, authority)
+        assert [i.status for i in items] == ["gathering", "gathering", "pending", "pending"]
+        assert [i.status for i in await journal.pending("a")] == ["gathering", "gathering", "pending"]
+        assert await journal.count_pending() == {"a": 3, "b": 1}
+        assert await journal.gathering_groups() == [("a", "g")]
+
+        album = await journal.seal_group("a", "g", combine_album, 2_000, authority)
+        assert album is not None and [f["fileId"] for f in album.payload["files"]] == ["p1", "p2"]
+        assert await journal.seal_group("a", "g", combine_album, 2_000, authority) is None  # sealed once
+        assert [(i.seq, i.status) for i in await journal.pending("a")] == [(1, "pending"), (3, "pending")]
+        assert await journal.has_file("p2")  # every routed file stays servable
+
+        settled = await journal.settle_receipts([(1, "a"), (1, "a"), (3, "wrong-binding")], 3_000, authority)
+        assert [i.seq for i in settled] == [1]
+        assert await journal.settle_receipts([(1, "a")], 3_000, authority) == []  # once
+
+        assert await journal.drop_waiting("a", 4_000, authority) == 1
+        assert await journal.expire_older_than(2_000, 5_000, authority) == 1  # b's row
+        assert [i.seq for i in (await journal.unreported_expired())["b"]] == [4]
+        assert await journal.purge_delivered(10_000, authority) == 3  # delivered, merged, dropped
+        await journal.mark_reported([4], 6_000, authority)  # the topic was told: b's row may go too
+        assert await journal.purge_delivered(10_000, authority) == 1
+        assert await db.fetch_value("SELECT COUNT(*) FROM inbound_journal") == 0
+    finally:
+        await db.close()
