@@ -25,22 +25,24 @@ from tests.e2e.harness import SECRET
 OP_TEXT, OP_CLOSE, OP_PING, OP_PONG = 0x1, 0x8, 0x9, 0xA
 
 
-def kernel_buffers() -> tuple[int, int]:
-    """(tcp_wmem max, tcp_rmem max) in bytes: the most a socket's send/receive buffer can grow to."""
-    def last(path: str) -> int:
+def kernel_buffers() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(tcp_wmem, tcp_rmem): each (min, default, max) in bytes, as the kernel sizes TCP buffers."""
+    def triple(path: str) -> tuple[int, int, int]:
         with open(path) as f:
-            return int(f.read().split()[-1])
+            low, default, high = (int(v) for v in f.read().split())
+        return low, default, high
 
-    return last("/proc/sys/net/ipv4/tcp_wmem"), last("/proc/sys/net/ipv4/tcp_rmem")
+    return triple("/proc/sys/net/ipv4/tcp_wmem"), triple("/proc/sys/net/ipv4/tcp_rmem")
 
 
 def flood_size(frame_bytes: int, *, receive_buffer: int, send_queue_bytes: int) -> int:
     """How many frames of ``frame_bytes`` surely fill every buffer between the leader and a peer
-    that never reads: the leader's socket send buffer (at most tcp_wmem max), the peer's receive
-    buffer (the kernel doubles SO_RCVBUF), the leader's send queue and the transport's buffers
-    (asyncio's and aiohttp's 64 KiB high-water marks) — twice over, for certainty."""
-    wmem_max, _ = kernel_buffers()
-    in_flight = wmem_max + 2 * receive_buffer + send_queue_bytes + 2 * 64 * 1024
+    that never reads: the leader's socket send buffer (autotuned, at most tcp_wmem's max), the
+    peer's receive buffer (the kernel doubles SO_RCVBUF, never below tcp_rmem's min), the leader's
+    send queue and the transport's buffers (asyncio's and aiohttp's 64 KiB high-water marks) —
+    twice over, for certainty."""
+    (_, _, wmem_max), (rmem_min, _, _) = kernel_buffers()
+    in_flight = wmem_max + max(2 * receive_buffer, rmem_min) + send_queue_bytes + 2 * 64 * 1024
     return 2 * in_flight // frame_bytes + 1
 
 
