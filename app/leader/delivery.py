@@ -85,9 +85,11 @@ class DeliveryHub:
             return 0
         sent = 0
         async with route.lock:
-            while self._routes.get(binding_key) is route and not route.connection.closed:
+            while self._carries(binding_key, route):
                 page = await self._journal.pending(binding_key, limit=PAGE, after_seq=route.high_water)
                 for item in page:
+                    if not self._carries(binding_key, route):
+                        return sent  # superseded or closed during a send: the next route carries the rest
                     prepared = await self._screen.screen(binding_key, route.capabilities, item)
                     if prepared is HOLD:
                         route.caught_up = False
@@ -115,10 +117,12 @@ class DeliveryHub:
         if route is None:
             return 0
         async with route.lock:
-            direct = (route.caught_up and self._routes.get(binding_key) is route and not route.connection.closed
+            direct = (route.caught_up and self._carries(binding_key, route)
                       and all(item.seq > route.high_water for item in items))
             if direct:
                 for item in items:
+                    if not self._carries(binding_key, route):
+                        return 0  # superseded or closed during a send: the next route carries the rest
                     prepared = await self._screen.screen(binding_key, route.capabilities, item)
                     if prepared is HOLD:
                         route.caught_up = False
@@ -134,6 +138,11 @@ class DeliveryHub:
                     route.high_water = item.seq
                 return len(items)
         return await self.kick(binding_key)
+
+    def _carries(self, binding_key: str, route: _Route) -> bool:
+        """This route still owns the binding and its socket is open (checked before every send:
+        a route replaced while a slow send was in flight sends nothing more)."""
+        return self._routes.get(binding_key) is route and not route.connection.closed
 
     @staticmethod
     def _frame(route: _Route, item: JournalItem, payload: dict[str, Any]) -> dict[str, Any]:

@@ -266,6 +266,36 @@ async def test_a_slow_follower_holds_back_no_other_binding(store: StoreEnv):
     assert await stuck == 1 and texts(slow) == ["for a"]
 
 
+async def test_a_route_replaced_during_a_slow_send_gets_nothing_more(store: StoreEnv):
+    hub = hub_of(store)
+    await journal(store, (A, "one"), (A, "two"), (A, "three"))
+    old = SlowConnection()
+    hub.attach(A, "inst-a", "g1", old)
+    stuck = asyncio.create_task(hub.kick(A))
+    await old.waiting.wait()  # "one" is in flight to the old process
+    new = MemoryConnection()
+    hub.attach(A, "inst-a2", "g2", new)  # a newer registration of the workspace supersedes it
+    old.go.set()
+    await stuck
+    assert texts(old) == ["one"]  # the send in flight completes; nothing after it goes to the old one
+    assert await hub.kick(A) == 3 and texts(new) == ["one", "two", "three"]
+
+    # The same on the direct path (a caught-up route handed items just journaled).
+    old_b = SlowConnection()
+    old_b.go.set()
+    hub.attach(B, "inst-b", "g1", old_b)
+    await hub.kick(B)
+    old_b.go.clear()
+    stuck = asyncio.create_task(hub.deliver_new(B, await journal(store, (B, "four"), (B, "five"))))
+    await old_b.waiting.wait()
+    new_b = MemoryConnection()
+    hub.attach(B, "inst-b2", "g2", new_b)
+    old_b.go.set()
+    await stuck
+    assert texts(old_b) == ["four"]
+    assert await hub.kick(B) == 2 and texts(new_b) == ["four", "five"]
+
+
 # --- receipts ---------------------------------------------------------------------------------------
 
 async def test_receipts_are_applied_in_batches_and_each_settled_row_is_reported_once(store: StoreEnv):
