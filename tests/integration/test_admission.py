@@ -210,9 +210,18 @@ async def test_resuming_a_hold_under_another_operation_kind_is_an_identity_chang
 
 async def test_a_stale_authority_takes_no_hold_and_runs_nothing(store: StoreEnv):
     stale = await store.take_over()
-    term = {"authority": stale}  # what the old term still believes
-    ledger = AdmissionLedger(store.db, stale.owner, store.clock.now_ms, lambda: term["authority"])
+    term: dict = {"authority": None}
+
+    def authority():  # as LeaderTerm.authority: raises once the term knows, else what it still believes
+        if term["authority"] is None:
+            raise AuthorityLost("not the leader")
+        return term["authority"]
+
+    ledger = AdmissionLedger(store.db, stale.owner, store.clock.now_ms, authority)
     ran: list[str] = []
+    with pytest.raises(AuthorityLost):
+        await ledger.run("late", KIND, [PROFILE], lambda: _record(ran, "late"))
+    term["authority"] = stale
     with pytest.raises(AuthorityLost):
         await ledger.run("late", KIND, [PROFILE], lambda: _record(ran, "late"))
     with pytest.raises(AuthorityLost):
