@@ -106,6 +106,8 @@ class DeliveryHub:
         return route is not None and not route.connection.closed
 
     def _current(self, binding_key: str, route: _Route) -> bool:
+        """This route still owns the binding and its socket is open (checked before every send: a
+        route replaced while a slow send was in flight sends nothing more)."""
         return self._routes.get(binding_key) is route and not route.connection.closed
 
     async def kick(self, binding_key: str) -> int:
