@@ -29,7 +29,9 @@ RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/top
 WORKDIR /home/topicbus
 USER 10001:10001
 
-# Image defaults: database on the volume, bus reachable through the published port.
+# Image defaults: database on the volume, bus reachable through the published port. The bus
+# listens on all of the container's interfaces; publish it on the host's loopback (as below and
+# in docker-compose.yml), or set TOPICBUS_BUS_TLS_CERT/KEY before publishing it further.
 # PTB_TIMEDELTA makes python-telegram-bot report durations (retry_after) as timedelta.
 ENV TOPICBUS_DB_PATH=/data/topicbus.sqlite3 \
     PTB_TIMEDELTA=true \
@@ -41,10 +43,12 @@ VOLUME ["/data"]
 # Follower bus (/v1/bus) and HTTP endpoints (/healthz, /metrics, /v1/status).
 EXPOSE 8765
 
-# /healthz answers 200 for a polling leader and for a standby, 503 while a leader is starting
-# (until its first getUpdates returns). urlopen raises on 503 or no answer, which exits 1.
+# /healthz answers 200 for a polling leader and for a standby, 503 with reasons while a leader is
+# starting, has not completed a poll in time, cannot refresh its lease or write its journal
+# (docs/operations.md#health-reasons). urlopen raises on 503 or no answer, which exits 1. With
+# TOPICBUS_BUS_TLS_CERT set it asks over https; the certificate is not checked on this loopback call.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('TOPICBUS_BUS_PORT', '8765'); sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:' + port + '/healthz', timeout=4).status == 200 else 1)"]
+    CMD ["python", "-c", "import os, ssl, sys, urllib.request; port = os.environ.get('TOPICBUS_BUS_PORT', '8765'); tls = bool(os.environ.get('TOPICBUS_BUS_TLS_CERT')); url = ('https' if tls else 'http') + '://127.0.0.1:' + port + '/healthz'; sys.exit(0 if urllib.request.urlopen(url, timeout=4, context=ssl._create_unverified_context() if tls else None).status == 200 else 1)"]
 
 # docker stop sends SIGTERM: the leader stops polling, releases its lease and exits 0.
 STOPSIGNAL SIGTERM

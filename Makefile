@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench soak clean
+.PHONY: run test bench soak chaos clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -29,3 +29,8 @@ clean:
 # The soak/load test (tests/soak, docs/reliability.md): 25 followers, random SIGKILLs, about 2 minutes.
 soak: $(STAMP)
 	TOPICBUS_SOAK=1 PTB_TIMEDELTA=true $(BIN)/python -m pytest -q tests/soak -p no:cacheprovider
+
+# The adversarial run (tests/chaos, docs/reliability.md): a slow reader, 1,100 idle connections under
+# ulimit -n 1024, a failed delete and restarts, a child that never reads; about 2 minutes.
+chaos: $(STAMP)
+	TOPICBUS_CHAOS=1 PTB_TIMEDELTA=true $(BIN)/python -m pytest -q tests/chaos -p no:cacheprovider

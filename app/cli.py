@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"read the bus secret from PATH (default: {ENV_PREFIX}BUS_SECRET)")
     follow.add_argument("--secret", metavar="S", help="the bus secret itself; visible to every user in `ps`, "
                                                       "prefer --secret-file or the environment")
+    follow.add_argument("--ca-file", metavar="PATH",
+                        help=f"CA bundle or self-signed certificate to trust for a wss:// leader "
+                             f"(default: {ENV_PREFIX}BUS_CA_FILE)")
     follow.add_argument("--cwd", metavar="DIR", help="workspace directory (default: the current directory); "
                                                      "also CMD's working directory")
     follow.add_argument("--name", metavar="NAME", help="display name; tells agents in one directory apart")
@@ -101,7 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="print the leader's view (followers, bindings, cleanups, rotation)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
-    status.add_argument("--url", metavar="URL", help="status URL (default: http://BUS_HOST:BUS_PORT/v1/status)")
+    status.add_argument("--url", metavar="URL", help="status URL (default: http://BUS_HOST:BUS_PORT/v1/status, "
+                                                     "https:// with TOPICBUS_BUS_TLS_CERT)")
+    status.add_argument("--secret-file", metavar="PATH",
+                        help=f"read the bus secret from PATH (default: {ENV_PREFIX}BUS_SECRET)")
+    status.add_argument("--secret", metavar="S", help="the bus secret itself; visible to every user in `ps`, "
+                                                      "prefer --secret-file or the environment")
+    status.add_argument("--ca-file", metavar="PATH",
+                        help=f"CA bundle or self-signed certificate to trust for https:// "
+                             f"(default: {ENV_PREFIX}BUS_CA_FILE)")
     return parser
 
 
@@ -150,7 +161,7 @@ def cmd_leader() -> int:
     configure_logging(level=settings.log_level, json=settings.log_json, secrets=settings.secrets())
     from topicbus.leader.process import FatalLeaderError, LeaderProcess
 
-    from topicbus.storage.db import StorageUnavailable
+    from topicbus.storage.db import DatabaseDamaged, StorageUnavailable, is_damage
     from topicbus.storage.migrate import MigrationError
 
     async def main(stop: asyncio.Event) -> int:
@@ -160,7 +171,15 @@ def cmd_leader() -> int:
             print(f"topicbus: {exc}", file=sys.stderr)
             return EXIT_CONFIG
         except (StorageUnavailable, MigrationError) as exc:
-            print(f"topicbus: database {settings.db_path}: {exc}", file=sys.stderr)
+            if is_damage(exc) or is_damage(exc.__cause__ or exc):
+                print(f"topicbus: {DatabaseDamaged(settings.db_path)}", file=sys.stderr)
+            else:
+                print(f"topicbus: database {settings.db_path}: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        except Exception as exc:
+            if not is_damage(exc):
+                raise
+            print(f"topicbus: {DatabaseDamaged(settings.db_path)}", file=sys.stderr)  # found while running
             return EXIT_CONFIG
 
     return _run_with_signals(main)
@@ -187,22 +206,14 @@ def cmd_follow(args: argparse.Namespace) -> int:
         argv = argv[1:]
     if not argv:
         _config_exit(["follow: a command is required: topicbus follow [OPTIONS] -- CMD [ARGS...]"])
-    if args.secret and args.secret_file:
-        _config_exit(["follow: --secret and --secret-file exclude each other"])
-    if args.secret:
-        print("topicbus: warning: --secret is visible to every user of this machine (ps, /proc); "
-              f"prefer --secret-file or {ENV_PREFIX}BUS_SECRET", file=sys.stderr)
-        secret = args.secret
-    elif args.secret_file:
-        secret = read_secret_file(args.secret_file)
-    else:
-        secret = settings.bus_secret.get_secret_value() if settings.bus_secret else ""
+    secret = _secret(args, settings, "follow")
     if not secret:
         _config_exit([settings.placeholder_problem("bus_secret") if settings.is_placeholder("bus_secret")
                       else f"{ENV_PREFIX}BUS_SECRET: required (the leader's secret; or --secret-file)"])
     leader_url = args.leader or settings.leader_url
     if not leader_url.startswith(("ws://", "wss://")):
         _config_exit(["--leader: must start with ws:// or wss://"])
+    ca_file = _ca_file(args, settings)
     from topicbus.follower.follow import run_follow
     from topicbus.logsetup import configure_logging
 
@@ -211,20 +222,54 @@ def cmd_follow(args: argparse.Namespace) -> int:
                                   name=args.name, session=args.session,
                                   heartbeat_interval_s=settings.heartbeat_interval_ms / 1000,
                                   stderr=args.stderr, pty=args.pty, pty_size=args.pty_size,
-                                  text_format=args.text_format, end_blocks=args.end_blocks))
+                                  text_format=args.text_format, end_blocks=args.end_blocks, ca_file=ca_file))
+
+
+def _secret(args: argparse.Namespace, settings: Settings, command: str) -> str:
+    """The bus secret: ``--secret-file``, else ``--secret`` (with a warning: argv is public), else
+    TOPICBUS_BUS_SECRET; empty when there is none."""
+    if args.secret and args.secret_file:
+        _config_exit([f"{command}: --secret and --secret-file exclude each other"])
+    if args.secret:
+        print("topicbus: warning: --secret is visible to every user of this machine (ps, /proc); "
+              f"prefer --secret-file or {ENV_PREFIX}BUS_SECRET", file=sys.stderr)
+        return str(args.secret)
+    if args.secret_file:
+        return read_secret_file(args.secret_file)
+    return settings.bus_secret.get_secret_value() if settings.bus_secret else ""
+
+
+def _ca_file(args: argparse.Namespace, settings: Settings) -> str | None:
+    """``--ca-file``, else TOPICBUS_BUS_CA_FILE; checked now, so a bad path is one readable line."""
+    path = args.ca_file or (str(settings.bus_ca_file) if settings.bus_ca_file else None)
+    if path is None:
+        return None
+    from topicbus.follower.client import tls_client_context
+
+    try:
+        tls_client_context(path)
+    except ValueError as exc:
+        _config_exit([f"--ca-file: {exc}"])
+    return path
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     settings = _settings_or_exit()
-    secret = settings.bus_secret.get_secret_value() if settings.bus_secret else ""
+    secret = _secret(args, settings, "status")
     url = args.url or settings.status_url
+    ca_file = _ca_file(args, settings)
+    context = None
+    if ca_file is not None:
+        from topicbus.follower.client import tls_client_context
+
+        context = tls_client_context(ca_file)
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret}"})
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5, context=context) as response:
             snapshot = json.loads(response.read().decode())
     except urllib.error.HTTPError as exc:
         print(f"topicbus: leader answered HTTP {exc.code} at {url}"
-              + (" (check TOPICBUS_BUS_SECRET)" if exc.code == 401 else ""), file=sys.stderr)
+              + (f" (check {ENV_PREFIX}BUS_SECRET or --secret-file)" if exc.code == 401 else ""), file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError) as exc:
         print(f"topicbus: no leader reachable at {url} ({getattr(exc, 'reason', exc)})", file=sys.stderr)

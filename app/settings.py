@@ -86,6 +86,20 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_json: bool = False
 
+    # --- bus hardening: TLS, connection hygiene, send queues, honest health -----------------------
+    bus_tls_cert: Path | None = None  # leader: PEM certificate (chain) for wss:// and https://
+    bus_tls_key: Path | None = None  # leader: PEM private key of that certificate
+    bus_ca_file: Path | None = None  # follower side: CA bundle to trust (a self-signed leader certificate)
+    bus_max_connections: int = Field(default=512, ge=2)
+    bus_max_unauthenticated: int = Field(default=64, ge=1)
+    bus_head_timeout_s: float = Field(default=10.0, gt=0)
+    bus_handshake_timeout_s: float = Field(default=10.0, gt=0)
+    bus_register_timeout_s: float = Field(default=30.0, gt=0)
+    bus_ping_interval_s: float = Field(default=20.0, gt=0)
+    bus_write_timeout_s: float = Field(default=10.0, gt=0)
+    bus_send_queue_kb: int = Field(default=1024, ge=64)
+    health_poll_deadline_s: float = Field(default=60.0, gt=0)
+
     _placeholders: frozenset[str] = PrivateAttr(default=frozenset())
 
     @model_validator(mode="wrap")
@@ -103,6 +117,7 @@ class Settings(BaseSettings):
         settings = handler(data)
         settings._placeholders = frozenset(found)
         return settings
+
 
     @field_validator("owner_ids", mode="before")
     @classmethod
@@ -177,6 +192,10 @@ class Settings(BaseSettings):
             problems.append(self.placeholder_problem("owner_ids"))
         elif not self.owner_ids:
             problems.append(f"{ENV_PREFIX}OWNER_IDS: {LEADER_REQUIRED['owner_ids']}")
+        if (self.bus_tls_cert is None) != (self.bus_tls_key is None):
+            missing = "BUS_TLS_KEY" if self.bus_tls_key is None else "BUS_TLS_CERT"
+            problems.append(f"{ENV_PREFIX}{missing}: required with {ENV_PREFIX}BUS_TLS_"
+                            f"{'CERT' if missing.endswith('KEY') else 'KEY'} (TLS needs both a certificate and its key)")
         if self.is_placeholder("bus_secret"):
             problems.append(self.placeholder_problem("bus_secret"))
         return problems
@@ -203,11 +222,13 @@ class Settings(BaseSettings):
 
     @property
     def status_url(self) -> str:
-        return f"http://{self._local_bus_host}:{self.bus_port}/v1/status"
+        scheme = "https" if self.bus_tls_cert is not None else "http"
+        return f"{scheme}://{self._local_bus_host}:{self.bus_port}/v1/status"
 
     def bus_url(self, port: int | None = None) -> str:
         """Where followers on this machine reach the bus (``port``: the one actually bound)."""
-        return f"ws://{self._local_bus_host}:{port or self.bus_port}/v1/bus"
+        scheme = "wss" if self.bus_tls_cert is not None else "ws"
+        return f"{scheme}://{self._local_bus_host}:{port or self.bus_port}/v1/bus"
 
 
 class ConfigurationError(Exception):

@@ -38,6 +38,22 @@ class StorageUnavailable(Exception):
     """The database cannot be written (locked for too long, read-only, disk full)."""
 
 
+class DatabaseDamaged(StorageUnavailable):
+    """The file is not a SQLite database, or SQLite finds it damaged (truncated, overwritten)."""
+
+    def __init__(self, path: Path | str):
+        super().__init__(f"database {path} is not a SQLite database or is damaged; "
+                         "restore from backup (docs/operations.md#backups)")
+
+
+def is_damage(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite reporting a damaged or foreign file (also when it surfaces late)."""
+    if isinstance(exc, DatabaseDamaged):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.DatabaseError) and ("malformed" in text or "not a database" in text)
+
+
 @dataclass(frozen=True)
 class Authority:
     """The lease a leader-side mutation was started under."""
@@ -224,9 +240,14 @@ def _migrate_file(path: Path) -> int:
         raise StorageUnavailable(f"cannot open database {path}: {exc}") from exc
     try:
         conn.execute("PRAGMA journal_mode=WAL")
+        # A damaged file is found now, with one readable line, not by a query in the middle of work.
+        if conn.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+            raise DatabaseDamaged(path)
         return apply_migrations(conn)
     except sqlite3.OperationalError as exc:
         raise StorageUnavailable(f"cannot prepare database {path}: {exc}") from exc
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseDamaged(path) from exc
     finally:
         conn.close()
 

@@ -104,8 +104,8 @@ class OutboxRepository:
 
     async def mark_failed(self, item_id: int, error: str, authority: Authority) -> None:
         async with self._db.unit_of_work(authority) as uow:
-            await uow.execute("UPDATE outbox SET status = 'failed', last_error = ?, attempts = attempts + 1 WHERE id = ?",
-                              (error[:500], item_id))
+            await uow.execute("UPDATE outbox SET status = 'failed', last_error = ?, attempts = attempts + 1 "
+                              "WHERE id = ? AND status = 'pending'", (error[:500], item_id))
 
     async def note_attempt(self, item_id: int, error: str, authority: Authority) -> None:
         async with self._db.unit_of_work(authority) as uow:

@@ -13,7 +13,8 @@ What it fakes, with Telegram's real error strings and HTTP status codes:
   progress, which gets the 409; ``conflict_policy="reject_new"`` answers the newcomer instead);
 * forum topics: ``createForumTopic``, ``editForumTopic``, ``closeForumTopic``, ``reopenForumTopic``,
   ``deleteForumTopic`` (``TOPIC_NAME_INVALID``, ``TOPIC_NOT_MODIFIED``, "message thread not found",
-  also for the General topic ``message_thread_id=1``);
+  also for the General topic ``message_thread_id=1``); a send into a closed topic is refused with
+  ``TOPIC_CLOSED`` (``closed_topics_refuse_sends``);
 * ``sendMessage``, ``sendDocument`` (multipart upload, bytes kept), ``sendChatAction``,
   ``deleteMessage``, ``getFile`` (``file is too big`` over the 20 MB bots may download) and
   ``/file/bot<token>/<path>`` downloads; ``setMessageReaction`` (recorded in ``reactions``; only
@@ -199,6 +200,8 @@ class FakeBotApi:
                  conflict_policy: Literal["terminate_old", "reject_new"] = "terminate_old") -> None:
         self.forum_chat_id = forum_chat_id
         self.bot_is_admin = bot_is_admin
+        # Telegram refuses a bot's messages in a closed topic (TOPIC_CLOSED) until it is reopened.
+        self.closed_topics_refuse_sends = True
         self.conflict_policy = conflict_policy
         self.bot_user: JSON = {
             "id": 999000111, "is_bot": True, "first_name": "TopicBus",
@@ -750,7 +753,7 @@ class FakeBotApi:
         if thread_id is None:
             return chat, None
         topic = self._live_topic(chat, thread_id)
-        if topic.closed and not self.bot_is_admin:
+        if topic.closed and (self.closed_topics_refuse_sends or not self.bot_is_admin):
             raise ApiError(400, "Bad Request: TOPIC_CLOSED")
         return chat, topic.thread_id
 

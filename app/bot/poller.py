@@ -68,6 +68,7 @@ class UpdatePoller:
         self._stopping = False
         self._on_first_poll = on_first_poll
         self.updates_seen = 0
+        self.last_cycle_at = time.monotonic()  # when a getUpdates answer was last fully handled (health)
         self.fatal: BaseException | None = None
         self._failed: dict[int, BaseException | None] = {}
         self._holds_lease = holds_lease
@@ -78,6 +79,7 @@ class UpdatePoller:
 
     def start(self) -> None:
         warnings.filterwarnings(**_DO_API_REQUEST_WARNING)  # idempotent: an equal filter is replaced
+        self.last_cycle_at = time.monotonic()
         self._task = asyncio.create_task(self._run(), name="update-poller")
 
     async def stop(self) -> None:
@@ -112,6 +114,7 @@ class UpdatePoller:
                 if self._on_first_poll is not None:
                     self._on_first_poll()
             if not raw_updates:
+                self.last_cycle_at = time.monotonic()
                 continue
             try:
                 next_offset = await self._handle_batch(raw_updates, time.perf_counter())
@@ -126,6 +129,7 @@ class UpdatePoller:
             if next_offset is None:
                 return
             self._offset = next_offset
+            self.last_cycle_at = time.monotonic()
 
     async def _fetch(self, timeout: float, backoff: Backoff) -> list[Any] | None:
         """One ``getUpdates``; ``None`` after a failure (already waited for), or with ``fatal`` set."""

@@ -4,6 +4,17 @@ The HTTP server lives as long as the process (standby included); the WebSocket e
 followers only once the leader has *published* it (after cleanup replay and its own provisioning).
 The server decodes frames and hands each request to the published :class:`LeaderBus` (the leader's
 ``FollowerDesk``); it knows nothing of the leader's internals.
+
+No peer can hold the leader up (docs/operations.md, "Connection limits"):
+
+* every follower socket has a bounded send queue drained by its own writer task, with a write
+  timeout; :meth:`BusConnection.send_frame` only enqueues (or fails fast), so no caller ever waits
+  on a socket, and a follower that does not read is disconnected;
+* the :class:`~topicbus.bus.guard.ConnectionGuard` caps connections (total and unauthenticated),
+  drops connections that do not send a request head in time, and reports accept errors once per
+  interval; the WebSocket handshake and the registration after it have deadlines; WebSocket
+  ping/pong drops half-open peers;
+* with a certificate and key the bus speaks TLS (``wss://``, ``https://``).
 """
 
 from __future__ import annotations
@@ -11,13 +22,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-from collections import OrderedDict
+import ipaddress
+import ssl
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from loguru import logger
 
+from topicbus.bus.guard import ConnectionGuard, effective_max_connections
 from topicbus.bus.metrics import Snapshot
 from topicbus.bus.metrics import render as render_metrics
 from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, ErrorCode, FollowerRequest, Kind, ProtocolError,
@@ -27,6 +43,60 @@ from topicbus.retry import sleep_or_stop
 from topicbus.storage.db import AuthorityLost
 
 REPLAY_LEDGER_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class BusLimits:
+    """Deadlines and caps of the bus (``TOPICBUS_BUS_*``; defaults as in the README)."""
+
+    max_connections: int = 512
+    max_unauthenticated: int = 64
+    head_timeout_s: float = 10.0
+    handshake_timeout_s: float = 10.0
+    register_timeout_s: float = 30.0
+    ping_interval_s: float = 20.0
+    write_timeout_s: float = 10.0
+    send_queue_bytes: int = 1024 * 1024
+    idle_grace_s: float = 0.25  # a new connection's time to send its request before it counts as idle
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> BusLimits:
+        return cls(max_connections=settings.bus_max_connections,
+                   max_unauthenticated=settings.bus_max_unauthenticated,
+                   head_timeout_s=settings.bus_head_timeout_s,
+                   handshake_timeout_s=settings.bus_handshake_timeout_s,
+                   register_timeout_s=settings.bus_register_timeout_s,
+                   ping_interval_s=settings.bus_ping_interval_s,
+                   write_timeout_s=settings.bus_write_timeout_s,
+                   send_queue_bytes=settings.bus_send_queue_kb * 1024)
+
+
+class TlsConfigurationError(Exception):
+    """The certificate or key cannot be used; the message says which and why."""
+
+
+def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """The server-side TLS context for ``wss://``/``https://`` (TLS 1.2 or newer)."""
+    for path in (cert, key):
+        if not Path(path).is_file():
+            raise TlsConfigurationError(f"TLS file not found: {path}")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(str(cert), str(key))
+    except (ssl.SSLError, OSError) as exc:
+        raise TlsConfigurationError(
+            f"cannot load the TLS certificate {cert} with key {key}: {getattr(exc, 'reason', None) or exc}") from None
+    return context
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class LeaderBus(Protocol):
@@ -51,56 +121,238 @@ class LeaderBus(Protocol):
     async def fetch_document(self, file_id: str) -> bytes | None: ...
 
 
-class BusConnection:
-    """One follower socket; implements the domain's ``FollowerConnection`` port."""
+class SendQueueFull(ConnectionError):
+    """The follower's send queue is full: it does not read; the connection is being dropped."""
 
-    def __init__(self, ws: web.WebSocketResponse):
+
+class BusConnection:
+    """One follower socket; implements the domain's ``FollowerConnection`` port.
+
+    Frames go into a bounded queue that one writer task drains onto the socket. ``send_frame``
+    never waits on the peer: it enqueues, or raises at once when the connection is gone or its
+    queue is full. Deliveries should leave room for acknowledgements: the delivery hub stops while
+    :attr:`congested` and resumes after :meth:`writable`. A write the peer does not take within the
+    write timeout, or a full queue, drops the connection (the transport is aborted: a socket whose
+    peer does not read cannot be closed politely).
+    """
+
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None = None, *,
+                 queue_bytes: int = 1024 * 1024, write_timeout_s: float = 10.0):
         self._ws = ws
-        self._send_lock = asyncio.Lock()
+        self._transport = transport
+        self._limit = max(queue_bytes, 1)
+        self._high = self._limit // 2  # deliveries pause above this; the rest is for answers
+        self._low = self._limit // 4
+        self._write_timeout = write_timeout_s
+        self._queue: deque[str] = deque()
+        self._queued = 0
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self._aborted = False
+        self.close_reason: str | None = None
         self.replays: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
+        self._register_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="bus-writer")
 
     @property
     def closed(self) -> bool:
-        return self._ws.closed
+        return self._aborted or self._ws.closed
+
+    @property
+    def congested(self) -> bool:
+        """More than half of the send queue is taken: deliveries wait (see :meth:`writable`)."""
+        return self._queued > self._high
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued
 
     async def send_frame(self, frame: dict[str, Any]) -> None:
-        async with self._send_lock:
-            await self._ws.send_str(encode(frame))
+        """Queue one frame for the writer. Never waits on the socket."""
+        self.enqueue(encode(frame))
+
+    def enqueue(self, text: str) -> None:
+        if self.closed:
+            raise ConnectionResetError("the follower connection is closed")
+        size = len(text.encode())
+        if self._queue and self._queued + size > self._limit:
+            self.abort(f"its send queue is full ({self._queued // 1024} KiB unread)")
+            raise SendQueueFull("the follower does not read; connection dropped")
+        self._queue.append(text)
+        self._queued += size
+        self._empty.clear()
+        if self._queued > self._high:
+            self._room.clear()
+        self._wake.set()
+
+    async def writable(self) -> None:
+        """Wait until the queue has drained below a quarter; raises ``ConnectionResetError`` when the
+        connection is dropped meanwhile. The writer's timeout bounds the wait."""
+        while not self._room.is_set() and not self.closed:
+            await self._room.wait()
+        if self.closed:
+            raise ConnectionResetError("the follower connection is closed")
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                while not self._queue:
+                    self._wake.clear()
+                    await self._wake.wait()
+                text = self._queue[0]
+                try:
+                    async with asyncio.timeout(self._write_timeout):
+                        await self._ws.send_str(text)
+                except TimeoutError:
+                    self.abort(f"it did not read for {self._write_timeout:g}s "
+                               f"({self._queued // 1024} KiB waiting)")
+                    return
+                except Exception as exc:  # noqa: BLE001 - the socket is gone
+                    self.abort(f"the write failed ({type(exc).__name__})", quiet=True)
+                    return
+                self._queue.popleft()
+                self._queued -= len(text.encode())
+                if not self._queue:
+                    self._queued = 0
+                    self._empty.set()
+                if self._queued <= self._low:
+                    self._room.set()
+        except asyncio.CancelledError:
+            pass
+
+    def expect_registration(self, timeout_s: float) -> None:
+        """Close the connection unless a ``follower.register`` arrives within ``timeout_s``."""
+        self._register_timer = asyncio.get_running_loop().call_later(timeout_s, self._registration_overdue)
+
+    def registration_started(self) -> None:
+        if self._register_timer is not None:
+            self._register_timer.cancel()
+            self._register_timer = None
+
+    def _registration_overdue(self) -> None:
+        self._register_timer = None
+        logger.bind(phase="bus-limits").info("closed a bus connection that did not register in time")
+        self._spawn(self.close(WSCloseCode.POLICY_VIOLATION, "no registration in time"))
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def abort(self, reason: str, *, quiet: bool = False) -> None:
+        """Drop the connection now, without waiting on the peer."""
+        if self._aborted:
+            return
+        self._aborted = True
+        self.close_reason = reason
+        if not quiet:
+            logger.bind(phase="bus-slow-peer").warning("dropped a follower connection: {}", reason)
+        self._queue.clear()
+        self._queued = 0
+        self._empty.set()
+        self._room.set()
+        self._wake.set()
+        if self._transport is not None:
+            self._transport.abort()
+        if self._writer is not asyncio.current_task():
+            self._writer.cancel()
 
     async def close(self, code: int = 1000, message: str = "") -> None:
-        await self._ws.close(code=code, message=message.encode()[:120])
+        """Close politely: what is queued is written first (bounded by the write timeout), then the
+        close frame; a peer that does not take them within the timeout is dropped."""
+        if self.closed:
+            return
+        try:
+            async with asyncio.timeout(self._write_timeout):
+                await self._empty.wait()
+                if not self.closed:
+                    self._writer.cancel()
+                    await self._ws.close(code=code, message=message.encode()[:120])
+        except TimeoutError:
+            self.abort("it did not take the close frame in time", quiet=True)
+        except Exception:  # noqa: BLE001 - the socket is gone already
+            self.abort("closing failed", quiet=True)
+
+    def shutdown(self) -> None:
+        """The socket is finished (its handler returns): stop the writer and the timers."""
+        self.registration_started()
+        self._aborted = self._aborted or self._ws.closed
+        if not self._writer.done():
+            self._writer.cancel()
 
 
 class BusServer:
     def __init__(self, *, host: str, port: int, secret: str | None,
-                 status: Callable[[], Awaitable[dict[str, Any]]], metrics: Callable[[], Snapshot]):
+                 status: Callable[[], Awaitable[dict[str, Any]]], metrics: Callable[[], Snapshot],
+                 limits: BusLimits | None = None, ssl_context: ssl.SSLContext | None = None,
+                 health: Callable[[], list[str]] | None = None):
         self._host = host
         self._port = port
         self._secret = (secret or "").encode()
         self._status = status
         self._metrics = metrics
+        self._limits = limits or BusLimits()
+        self._ssl = ssl_context
+        self._health = health or (lambda: [])
         self.role = "standby"
         self.epoch = 0
         self.polling = False
         self.leader: LeaderBus | None = None  # once published
         self._runner: web.AppRunner | None = None
-        self._sockets: set[web.WebSocketResponse] = set()
+        self._connections: set[BusConnection] = set()
         self.bound_port: int | None = None
+        self.guard = ConnectionGuard(max_connections=effective_max_connections(self._limits.max_connections),
+                                     max_unauthenticated=self._limits.max_unauthenticated,
+                                     head_timeout_s=self._limits.head_timeout_s,
+                                     idle_grace_s=self._limits.idle_grace_s)
+        self._announced = False
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._ssl is not None else "http"
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
-        app = web.Application(client_max_size=MAX_FRAME_BYTES)
+        app = web.Application(client_max_size=MAX_FRAME_BYTES, middlewares=[self._admit])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics_handler)
         app.router.add_get("/v1/status", self._status_handler)
         app.router.add_get(BUS_PATH, self._bus)
         app.router.add_get(FILES_PATH + "/{file_id}", self._file)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     keepalive_timeout=self._limits.head_timeout_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
-        await site.start()
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
-        self.bound_port = sockets[0].getsockname()[1] if sockets else self._port
+        listeners = self.guard.listeners(self._host, self._port)
+        try:
+            for sock in listeners:
+                await web.SockSite(self._runner, sock, ssl_context=self._ssl, backlog=128).start()
+        except BaseException:
+            for sock in listeners:
+                sock.close()
+            raise
+        self.guard.install_accept_error_handler(asyncio.get_running_loop())
+        self.bound_port = listeners[0].getsockname()[1] if listeners else self._port
+        self._announce()
+
+    def _announce(self) -> None:
+        if self._announced:
+            return
+        self._announced = True
+        log = logger.bind(phase="bus-bind")
+        if self.guard.max_connections < self._limits.max_connections:
+            log.info("bus connections capped at {} by the file descriptor limit (ulimit -n)",
+                     self.guard.max_connections)
+        if self._ssl is None and not is_loopback(self._host):
+            log.warning(
+                "the bus listens on {}:{} without TLS: the bus secret and all traffic cross the network in "
+                "clear text. That is fine when the port is published only on the host's loopback, as the "
+                "image and docker-compose.yml do by default (127.0.0.1:{}:{}); otherwise set "
+                "TOPICBUS_BUS_TLS_CERT and TOPICBUS_BUS_TLS_KEY (docs/operations.md#tls)",
+                self._host or "*", self.bound_port, self.bound_port, self.bound_port)
 
     async def start_with_retry(self, stop: asyncio.Event, delay_s: float = 0.5) -> bool:
         """Bind, retrying while the port is taken (a previous leader still exiting)."""
@@ -128,8 +380,9 @@ class BusServer:
 
     async def unpublish(self, role: str = "standby") -> None:
         self.leader, self.role, self.polling = None, role, False
-        for ws in list(self._sockets):
-            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"leader stopping")
+        connections = list(self._connections)
+        await asyncio.gather(*(c.close(WSCloseCode.GOING_AWAY, "leader stopping") for c in connections),
+                             return_exceptions=True)
 
     async def stop(self) -> None:
         await self.unpublish("stopped")
@@ -138,19 +391,35 @@ class BusServer:
             self._runner = None
 
     # --- HTTP ------------------------------------------------------------------------------------
+    @web.middleware
+    async def _admit(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
+        self.guard.head_received(request.transport)
+        return await handler(request)
+
     def _authorized(self, request: web.Request) -> bool:
         header = request.headers.get("Authorization", "")
-        supplied = header[7:].encode() if header.startswith("Bearer ") else b""
+        # Header bytes that are not UTF-8 arrive as surrogates; they are compared as the bytes sent.
+        supplied = header[7:].encode("utf-8", "surrogateescape") if header.startswith("Bearer ") else b""
         if not self._secret:
             return False
         # Compare digests so the comparison time does not depend on the secret's length either.
-        return hmac.compare_digest(hashlib.sha256(supplied).digest(), hashlib.sha256(self._secret).digest())
+        if not hmac.compare_digest(hashlib.sha256(supplied).digest(), hashlib.sha256(self._secret).digest()):
+            return False
+        self.guard.authenticated(request.transport)
+        return True
 
     async def _healthz(self, request: web.Request) -> web.Response:
         followers = self.leader.follower_count() if self.leader is not None else 0
-        body = {"role": self.role, "epoch": self.epoch, "followers": followers}
-        healthy = self.role == "standby" or (self.role == "leader" and self.polling)
-        return web.json_response(body, status=200 if healthy else 503)
+        body: dict[str, Any] = {"role": self.role, "epoch": self.epoch, "followers": followers}
+        reasons: list[str] = []
+        if self.role == "leader" and self.polling:
+            reasons = self._health()
+        elif self.role != "standby":
+            reasons = ["not polling Telegram yet"]
+        if reasons:
+            body["reasons"] = reasons
+        return web.json_response(body, status=503 if reasons else 200)
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
         body, content_type = render_metrics(self._metrics, request.headers.get("Accept"))
@@ -186,10 +455,23 @@ class BusServer:
         if (refused := self._refusal(request)) is not None:
             return refused
         assert leader is not None
-        ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, heartbeat=None, autoping=True)
-        await ws.prepare(request)
-        self._sockets.add(ws)
-        conn = BusConnection(ws)
+        limits = self._limits
+        # aiohttp pings after ping_interval_s without traffic and drops the peer when no pong comes
+        # within half of it (a half-open peer).
+        ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, heartbeat=limits.ping_interval_s, autoping=True,
+                                   timeout=limits.write_timeout_s)
+        try:
+            async with asyncio.timeout(limits.handshake_timeout_s):
+                await ws.prepare(request)
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
+            logger.bind(phase="bus-limits").info("dropped a connection: WebSocket handshake not completed in time")
+            return ws
+        conn = BusConnection(ws, request.transport, queue_bytes=limits.send_queue_bytes,
+                             write_timeout_s=limits.write_timeout_s)
+        conn.expect_registration(limits.register_timeout_s)
+        self._connections.add(conn)
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
@@ -199,7 +481,8 @@ class BusServer:
                 elif msg.type == WSMsgType.ERROR:
                     break
         finally:
-            self._sockets.discard(ws)
+            conn.shutdown()
+            self._connections.discard(conn)
             leader.connection_closed(conn)
         if ws.close_code == WSCloseCode.MESSAGE_TOO_BIG:
             logger.bind(phase="bus-frame").warning("closed a follower socket: frame over 1 MiB")
@@ -214,6 +497,8 @@ class BusServer:
         if kind is Kind.ACK:
             await leader.receipt(conn, model.request_id)
             return
+        if kind is Kind.REGISTER:
+            conn.registration_started()
         request_id = model.request_id
         digest = hashlib.sha256(text.encode()).hexdigest()
         previous = conn.replays.get(request_id)

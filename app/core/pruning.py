@@ -174,6 +174,7 @@ class FollowerPruner:
         record_event: RecordEvent,
         ensure_endpoint: Callable[[], Awaitable[None]] | None = None,
         new_operation_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        on_pruned: Callable[[FollowerRecord], None] | None = None,
     ) -> None:
         self._registry = registry
         self._now_ms = now_ms
@@ -187,6 +188,7 @@ class FollowerPruner:
         self._record_event = record_event
         self._ensure_endpoint = ensure_endpoint
         self._new_operation_id = new_operation_id
+        self._on_pruned = on_pruned
         self._generation = 0
         self._running = False
         self._in_flight: asyncio.Task[None] | None = None
@@ -335,6 +337,8 @@ class FollowerPruner:
             for observation in self._pending.values()
         ]
         for follower in self._registry.prune_stale(self._now_ms(), self._stale_after_ms):
+            if self._on_pruned is not None:
+                self._on_pruned(follower.copy())
             self._forget(self._pending.get(follower.instance_id))
             observation: _Observation | None = None
             if self._is_eligible_for_observation(follower, epoch):

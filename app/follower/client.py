@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -100,6 +101,17 @@ __all__ = [
 ]
 
 
+def tls_client_context(ca_file: str | os.PathLike[str] | None) -> ssl.SSLContext | None:
+    """The TLS context that trusts ``ca_file`` (a PEM CA bundle or the leader's self-signed
+    certificate) on top of the system's; ``None`` (aiohttp's default verification) without one."""
+    if ca_file is None or str(ca_file) == "":
+        return None
+    try:
+        return ssl.create_default_context(cafile=os.fspath(ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot use the CA file {os.fspath(ca_file)}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
 # --------------------------------------------------------------------------------------------
 # The client
 # --------------------------------------------------------------------------------------------
@@ -128,6 +140,7 @@ class FollowerClient(BusConnection):
         backoff_max_s: float = 5.0,
         backlog_wait_s: float = 60.0,
         build: str = "topicbus-follower/1",
+        ca_file: str | os.PathLike[str] | None = None,
     ):
         # The delivery types this client hands to user code, and so advertises (docs/protocol.md,
         # "Capabilities"): ``control`` only with on_control, ``button`` only with on_button.
@@ -143,6 +156,9 @@ class FollowerClient(BusConnection):
             heartbeat_interval_s=heartbeat_interval_s, request_timeout_s=request_timeout_s,
             backoff_initial_s=backoff_initial_s, backoff_max_s=backoff_max_s, build=build,
         )
+        # wss:// and https:// verify the leader's certificate; ``ca_file`` trusts a private CA or a
+        # self-signed certificate (TOPICBUS_BUS_CA_FILE / ``follow --ca-file``).
+        self._tls = tls_client_context(ca_file)
         self._close_started = False
         self._closed = asyncio.Event()
         self._send_lock = asyncio.Lock()
@@ -221,6 +237,7 @@ class FollowerClient(BusConnection):
             raise FollowerClosed("the follower client is closed")
         self._started = True
         self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self._tls) if self._tls is not None else None,
             timeout=aiohttp.ClientTimeout(total=None, connect=self._request_timeout, sock_connect=self._request_timeout)
         )
         self._receiver_tasks = self._receiver.start(self._instance_id)

@@ -124,6 +124,7 @@ async def run_follow(
     stdin_timeout_s: float = 30.0,
     handoff_timeout_s: float = 60.0,
     snapshot_interval_s: float = 3.0,
+    ca_file: str | None = None,
 ) -> int:
     """Run ``command`` as a follower (see the module docstring) and return the exit code to use."""
     if not command:
@@ -211,7 +212,7 @@ async def run_follow(
     client = FollowerClient(
         leader_url=leader_url, secret=secret, on_delivery=on_delivery, on_control=on_control,
         on_button=on_button, cwd=workdir, session_id=session, name=name, pid=child.pid,
-        heartbeat_interval_s=heartbeat_interval_s,
+        heartbeat_interval_s=heartbeat_interval_s, ca_file=ca_file,
     )
 
     async def send_text(text: str, fmt: str | None) -> None:

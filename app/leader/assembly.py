@@ -120,7 +120,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         leader_epoch=lambda: term.epoch, profile=lambda: "default",
         liveness=lambda r: liveness.probe(r.pid, r.process_birth_id, r.host_id),
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
-        on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record)
+        on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record,
+        on_pruned=roster.pruned)
     router = Router(term, roster, gateway, notices, outbound, timers=timers)
     agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
     buttons = ButtonPresses(term, router, agent_commands, gateway)

@@ -9,6 +9,13 @@ What a follower is given for each row is the :class:`~topicbus.leader.inbound.In
 answer (adapted to its capabilities, settled without sending, or held while an album gathers).
 Rows a receipt newly settled go to ``on_delivered`` (the receipt reaction). ``send_now`` carries
 the items that are never journaled (``control``) to one exact follower generation.
+
+No caller waits on a follower: :meth:`DeliveryHub.deliver_new` (called under the router's journal
+lock, inside the poll batch) only hands frames to the connection's send queue, and only while that
+queue has room. Everything else — a backlog, a route that is not caught up, a follower that reads
+slowly — is sent by the route's own *pump* task, which pages through the journal and waits for the
+connection to drain (the connection's write timeout drops a follower that does not read; its items
+stay journaled and are sent again when it returns).
 """
 
 from __future__ import annotations
@@ -30,10 +37,19 @@ PAGE = 500
 
 
 class FollowerConnection(Protocol):
-    """What the bus transport offers the domain for one follower socket."""
+    """What the bus transport offers the domain for one follower socket.
+
+    ``send_frame`` queues a frame and returns at once (it raises when the connection is gone or
+    cannot take more); ``congested`` says the queue should not be filled further until
+    ``writable()`` returns (it raises when the connection is dropped meanwhile)."""
 
     @property
     def closed(self) -> bool: ...
+
+    @property
+    def congested(self) -> bool: ...
+
+    async def writable(self) -> None: ...
 
     async def send_frame(self, frame: dict[str, Any]) -> None: ...
 
@@ -48,8 +64,10 @@ class _Route:
         self.connection = connection
         self.capabilities = capabilities
         self.high_water = 0  # highest journal seq sent on this route
-        self.caught_up = False  # the last kick found nothing pending beyond high_water
-        self.lock = asyncio.Lock()
+        self.caught_up = False  # nothing pending beyond high_water, and no pump needed
+        self.wanted = 0  # bumped whenever items may be pending beyond high_water
+        self.pump: asyncio.Task[int] | None = None
+        self.lock = asyncio.Lock()  # one pump (or direct send) at a time
 
 
 class DeliveryHub:
@@ -65,75 +83,126 @@ class DeliveryHub:
         self.delivered = 0
         self._receipts: list[tuple[int, str]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self.journal_error: str | None = None  # the last failure to record receipts, until one succeeds
 
     def attach(self, binding_key: str, instance_id: str, generation: str, connection: FollowerConnection,
                capabilities: frozenset[str] = frozenset()) -> None:
+        old = self._routes.get(binding_key)
         self._routes[binding_key] = _Route(instance_id, generation, connection, capabilities)
+        if old is not None:
+            self._stop_pump(old)
 
     def detach_connection(self, connection: FollowerConnection) -> None:
         for key in [k for k, r in self._routes.items() if r.connection is connection]:
-            del self._routes[key]
+            self._stop_pump(self._routes.pop(key))
+
+    @staticmethod
+    def _stop_pump(route: _Route) -> None:
+        if route.pump is not None and not route.pump.done() and route.pump is not asyncio.current_task():
+            route.pump.cancel()
 
     def is_online(self, binding_key: str) -> bool:
         route = self._routes.get(binding_key)
         return route is not None and not route.connection.closed
 
+    def _current(self, binding_key: str, route: _Route) -> bool:
+        """This route still owns the binding and its socket is open (checked before every send: a
+        route replaced while a slow send was in flight sends nothing more)."""
+        return self._routes.get(binding_key) is route and not route.connection.closed
+
     async def kick(self, binding_key: str) -> int:
-        """Send every pending item of this binding that this route has not carried yet, in order."""
+        """Send every pending item of this binding that this route has not carried yet, in order;
+        returns how many this pump sent (it waits for a slow follower, never for long: the
+        connection's write timeout drops one that does not read)."""
         route = self._routes.get(binding_key)
         if route is None:
             return 0
+        pump = self._want(binding_key, route)
+        try:
+            return await asyncio.shield(pump)
+        except asyncio.CancelledError:
+            if pump.cancelled():
+                return 0
+            raise
+
+    def _want(self, binding_key: str, route: _Route) -> asyncio.Task[int]:
+        """Note that items may be pending and make sure the route's pump runs (never awaited here)."""
+        route.caught_up = False
+        route.wanted += 1
+        if route.pump is None or route.pump.done():
+            route.pump = asyncio.get_running_loop().create_task(self._pump(binding_key, route),
+                                                                name=f"delivery-pump:{binding_key}")
+        return route.pump
+
+    async def _pump(self, binding_key: str, route: _Route) -> int:
         sent = 0
         async with route.lock:
-            while self._routes.get(binding_key) is route and not route.connection.closed:
+            while self._current(binding_key, route):
+                seen = route.wanted
                 page = await self._journal.pending(binding_key, limit=PAGE, after_seq=route.high_water)
                 for item in page:
+                    if item.seq <= route.high_water:
+                        continue  # sent directly meanwhile
+                    if not self._current(binding_key, route):
+                        return sent
                     prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
-                    if prepared is HOLD:
+                    if prepared is HOLD:  # an album still gathering: its seal kicks the route again
                         route.caught_up = False
                         return sent
                     if prepared is None:
                         route.high_water = item.seq
                         continue
                     try:
+                        if route.connection.congested:
+                            await route.connection.writable()
+                            if not self._current(binding_key, route):
+                                return sent
                         await route.connection.send_frame(self._frame(route, item, prepared))
-                    except Exception as exc:  # noqa: BLE001 - a dead socket; items stay pending
+                    except Exception as exc:  # noqa: BLE001 - a dropped socket; items stay pending
                         logger.bind(phase="delivery").debug("delivery send failed: {}", type(exc).__name__)
                         return sent
                     route.high_water = item.seq
                     sent += 1
-                if len(page) < PAGE:
+                if len(page) < PAGE and route.wanted == seen:
                     route.caught_up = True
                     break
         return sent
 
     async def deliver_new(self, binding_key: str, items: list[JournalItem]) -> int:
         """Send items just journaled (in seq order) without reading them back, when the route has
-        carried everything older; otherwise fall back to :meth:`kick`. Callers serialise journal
-        appends, so a caught-up route has nothing pending older than ``items``."""
+        carried everything older and its connection has room; otherwise leave them to the route's
+        pump. Never waits on the follower (callers hold the journal lock). Callers serialise journal
+        appends, so a caught-up route has nothing pending older than ``items``. Returns how many
+        were handed to the connection here."""
         route = self._routes.get(binding_key)
         if route is None:
             return 0
-        async with route.lock:
-            direct = (route.caught_up and self._routes.get(binding_key) is route and not route.connection.closed
-                      and all(item.seq > route.high_water for item in items))
-            if direct:
-                for item in items:
-                    prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
-                    if prepared is HOLD:
-                        route.caught_up = False
-                        return 0
-                    if prepared is None:
-                        route.high_water = item.seq
-                        continue
-                    try:
-                        await route.connection.send_frame(self._frame(route, item, prepared))
-                    except Exception:  # noqa: BLE001 - a dead socket; items stay pending
-                        route.caught_up = False
-                        return 0
+        direct = (route.caught_up and not route.lock.locked() and self._current(binding_key, route)
+                  and all(item.seq > route.high_water for item in items))
+        if not direct:
+            self._want(binding_key, route)
+            return 0
+        sent = 0
+        async with route.lock:  # free (checked above): taken without waiting
+            for item in items:
+                if route.connection.congested or not self._current(binding_key, route):
+                    self._want(binding_key, route)  # the pump sends the rest once the follower drains
+                    return sent
+                prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
+                if prepared is HOLD:
+                    route.caught_up = False
+                    return sent
+                if prepared is None:
                     route.high_water = item.seq
-                return len(items)
-        return await self.kick(binding_key)
+                    continue
+                try:
+                    await route.connection.send_frame(self._frame(route, item, prepared))
+                except Exception:  # noqa: BLE001 - a dropped socket; items stay pending
+                    route.caught_up = False
+                    return sent
+                route.high_water = item.seq
+                sent += 1
+        return sent
 
     @staticmethod
     def _frame(route: _Route, item: JournalItem, payload: dict[str, Any]) -> dict[str, Any]:
@@ -171,9 +240,11 @@ class DeliveryHub:
             try:
                 settled = await self._journal.settle_receipts(batch, self._clock.now_ms(), self._authority())
             except Exception as exc:  # noqa: BLE001 - unmarked items are redelivered later, never lost
+                self.journal_error = f"receipts not recorded ({type(exc).__name__})"
                 logger.bind(phase="delivery").warning("receipts not recorded ({}); items will be redelivered",
                                                       type(exc).__name__)
                 return
+            self.journal_error = None
             self.delivered += len(settled)
             if settled and self._on_delivered is not None:
                 try:
@@ -187,4 +258,6 @@ class DeliveryHub:
             await asyncio.shield(self._flusher)
 
     async def close(self) -> None:
+        for route in list(self._routes.values()):
+            self._stop_pump(route)
         await self.flush()

@@ -84,6 +84,7 @@ class DepartureHandler:
         """Carry out one durable intent (also used for replay)."""
         events = self._term.events
         if await self._superseded(intent):
+            await self._keep_open(intent, authority)
             async with self._term.unit_of_work(authority) as uow:
                 await CleanupRepository.remove_tx(uow, intent.id)
             events.record("Cleanup intent superseded by a newer owner; topic kept",
@@ -92,6 +93,8 @@ class DepartureHandler:
         closed = await self._gateway.close_topic(intent.chat_id, intent.thread_id)
         if closed.outcome in (Outcome.AMBIGUOUS, Outcome.RETRY_AFTER):
             await self._unconfirmed(intent, authority, f"close: {closed.outcome} {closed.message}")
+        if closed.ok:  # closed, not yet deleted: a binding reused before the delete reopens it first
+            await self._note_closed(intent, authority)
         deleted = await self._gateway.delete_topic(intent.chat_id, intent.thread_id)
         if deleted.outcome not in (Outcome.OK, Outcome.GONE):
             await self._unconfirmed(intent, authority, f"delete: {deleted.outcome} {deleted.message}")
@@ -102,6 +105,31 @@ class DepartureHandler:
                       if intent.reason == "confirmed-dead" else "follower-disconnect",
                       instanceId=intent.instance_id, chatId=intent.chat_id, threadId=intent.thread_id)
         return True
+
+    async def _note_closed(self, intent: CleanupIntent, authority: Authority) -> None:
+        async with self._term.unit_of_work(authority) as uow:
+            binding = await BindingRepository.get_tx(uow, intent.binding_key)
+            if binding is not None and binding.thread_id == intent.thread_id and binding.topic_state == "open":
+                await BindingRepository.set_topic_state_tx(uow, intent.binding_key, "closed")
+
+    async def _keep_open(self, intent: CleanupIntent, authority: Authority) -> None:
+        """A cancelled cleanup leaves its topic open: when this intent closed it (its delete failed
+        afterwards, or the store says closed), it is reopened for the binding that kept it."""
+        binding = await self._bindings.get(intent.binding_key)
+        if binding is None or binding.thread_id != intent.thread_id:
+            return
+        if binding.topic_state != "closed" and not (intent.last_error or "").startswith("delete:"):
+            return
+        reopened = await self._gateway.reopen_topic(intent.chat_id, intent.thread_id)
+        self._term.events.record("Reopened the topic of a cancelled cleanup", phase="topic-reopen",
+                                 threadId=intent.thread_id, outcome=str(reopened.outcome))
+        if reopened.ok and binding.topic_state == "closed":
+            async with self._term.unit_of_work(authority) as uow:
+                await BindingRepository.set_topic_state_tx(uow, intent.binding_key, "open")
+        elif reopened.outcome is Outcome.GONE:  # deleted after all: the next registration gets a new topic
+            async with self._term.unit_of_work(authority) as uow:
+                await BindingRepository.mark_topic_deleted_tx(uow, intent.chat_id, intent.thread_id,
+                                                              self._term.now_ms())
 
     async def _superseded(self, intent: CleanupIntent) -> bool:
         binding = await self._bindings.get(intent.binding_key)

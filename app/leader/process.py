@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import os
 import socket
 import uuid
@@ -27,12 +29,13 @@ from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
 from topicbus.bot.timers import JobQueueTimers
 from topicbus.bus.metrics import Snapshot
-from topicbus.bus.server import BusServer
+from topicbus.bus.server import BusLimits, BusServer, TlsConfigurationError, tls_context
 from topicbus.core.clock import Clock, SystemClock
 from topicbus.host import ProcessLiveness, current_host_id
 from topicbus.core.budget import BudgetConfig
 from topicbus.core.output import EDIT_INTERVAL_MS, OutputConfig
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
+from topicbus.leader.health import LeaderHealth
 from topicbus.leader.notices import restart_text, welcome_text
 from topicbus.leader.outbound import OutboundOptions
 from topicbus.leader.provisioning import SlotUnavailable, TopicCreationFailed
@@ -42,7 +45,7 @@ from topicbus.logsetup import EventJournal
 from topicbus.retry import Backoff, sleep_or_stop
 from topicbus.settings import Settings
 from topicbus.storage.admission import AdmissionBlocked
-from topicbus.storage.db import Authority, Database
+from topicbus.storage.db import Authority, Database, StorageUnavailable
 from topicbus.storage.lease import LeaseRepository
 
 STANDBY_POLL_S = 0.5
@@ -77,10 +80,18 @@ class LeaderProcess:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.events = EventJournal()
         self.leadership: Leadership | None = None
+        self.health = LeaderHealth(poll_deadline_s=settings.health_poll_deadline_s,
+                                   lease_stale_after_ms=settings.lease_stale_after_ms,
+                                   poll_timeout_s=settings.poll_timeout_s)
+        try:
+            tls = tls_context(settings.bus_tls_cert, settings.bus_tls_key) if settings.bus_tls_cert else None
+        except TlsConfigurationError as exc:
+            raise FatalLeaderError(f"TOPICBUS_BUS_TLS_CERT/TOPICBUS_BUS_TLS_KEY: {exc}") from None
         self.server = BusServer(
             host=settings.bus_host, port=settings.bus_port,
             secret=settings.bus_secret.get_secret_value() if settings.bus_secret else None,
-            status=self._status, metrics=self._metrics)
+            status=self._status, metrics=self._metrics, limits=BusLimits.from_settings(settings), ssl_context=tls,
+            health=self._health_reasons)
 
     async def run(self, stop: asyncio.Event) -> int:
         if self.settings.bus_secret is None or not self.settings.bus_secret.get_secret_value():
@@ -112,7 +123,7 @@ class LeaderProcess:
                 unclean = (previous is not None and previous.heartbeat_at_ms != 0
                            and previous.epoch + 1 == authority.epoch)
                 self.leadership = Leadership(self.settings, term, self.server, leases,
-                                             after_unclean_stop=unclean)
+                                             after_unclean_stop=unclean, health=self.health)
                 lost = await self.leadership.run(stop)
                 self.leadership = None
                 if lost:
@@ -135,6 +146,9 @@ class LeaderProcess:
         if services is not None:
             return await services.status.snapshot(self.server.role)
         return {"role": self.server.role, "epoch": self.server.epoch, "followers": [], "bindings": []}
+
+    def _health_reasons(self) -> list[str]:
+        return self.health.reasons() if self.leadership is not None else []
 
     def _metrics(self) -> Snapshot:
         leadership = self.leadership
@@ -166,9 +180,11 @@ class Leadership:
     """Everything that exists only while this process holds the lease."""
 
     def __init__(self, settings: Settings, term: LeaderTerm, server: BusServer, leases: LeaseRepository, *,
-                 after_unclean_stop: bool = False):
+                 after_unclean_stop: bool = False, health: LeaderHealth | None = None):
         self.settings = settings
         self.after_unclean_stop = after_unclean_stop
+        self.health = health or LeaderHealth(poll_deadline_s=settings.health_poll_deadline_s,
+                                             lease_stale_after_ms=settings.lease_stale_after_ms)
         self.term = term
         self.server = server
         self.services: LeaderServices | None = None
@@ -207,8 +223,9 @@ class Leadership:
             raise
         await self._sync_command_menu(telegram)
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
-                                   batch=services.router.inbound_batch,
+                                   batch=self._journaled_batch(services),
                                    holds_lease=lambda: self.term.current() is not None and not self.lost.is_set())
+        self.health.begin_term(self.poller, services.roster.hub)
         handlers.register_all(app, services, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
         app.add_error_handler(self._handler_error)
         self.server.role, self.server.epoch = "starting", self.term.authority().epoch
@@ -341,9 +358,26 @@ class Leadership:
             still = await self._leases.refresh(authority, self.term.now_ms())
         except Exception as exc:  # noqa: BLE001 - a busy database: try again next tick
             logger.bind(phase="lease").warning("lease refresh failed ({}); will retry", type(exc).__name__)
+            self.health.lease_failed(f"{type(exc).__name__}: {exc}"[:200])
             return
         if not still:
             self._lose()
+        else:
+            self.health.lease_refreshed()
+
+    def _journaled_batch(self, services: LeaderServices) -> Callable[[float], AbstractAsyncContextManager[None]]:
+        """The router's inbound batch, reporting to the health whether the journal took it."""
+        @asynccontextmanager
+        async def batch(received_at: float) -> AsyncIterator[None]:
+            try:
+                async with services.router.inbound_batch(received_at):
+                    yield
+            except StorageUnavailable as exc:
+                self.health.journal_failed(str(exc)[:200])
+                raise
+            self.health.journal_written()
+
+        return batch
 
     async def _purge(self, context: ContextTypes.DEFAULT_TYPE) -> None:
         if self.services is not None:
@@ -367,6 +401,7 @@ class Leadership:
             logger.bind(phase="job").opt(exception=context.error).warning("job failed")
 
     async def _teardown(self, app: Application, services: LeaderServices) -> None:
+        self.health.end_term()
         await self.server.unpublish("standby" if self.lost.is_set() else "stopping")
         services.display.cancel()
         if self.poller is not None:

@@ -1,7 +1,8 @@
 """Topic provisioning: give a workspace identity its binding and a live topic.
 
 Same identity → same binding → same topic: an existing binding with a live topic is reused with
-zero Telegram calls; a binding whose topic was deleted gets a new topic under its old slot and name;
+zero Telegram calls (a closed one is reopened first, or replaced when it cannot be); a binding whose
+topic was deleted gets a new topic under its old slot and name;
 a new identity gets the first free slot letter (from the slot planner) and a new topic. Provisioning is serialised by one
 gate so two registrations can never take the same letter or create two topics for one binding.
 """
@@ -55,6 +56,8 @@ class TopicProvisioner:
         async with self.gate:
             key = request.identity.binding_key
             binding = await self._bindings.get(key)
+            if binding is not None and binding.topic_state == "closed" and binding.has_live_topic:
+                binding = await self._reopen(binding, authority)
             if binding is not None and binding.has_live_topic:
                 await self._commit_owner(binding, request, authority)
                 return (await self._bindings.get(key)) or binding, False
@@ -74,6 +77,26 @@ class TopicProvisioner:
             fresh = await self._bindings.get(key)
             assert fresh is not None
             return fresh, True
+
+    async def _reopen(self, binding: Binding, authority: Authority) -> Binding:
+        """A closed topic (closed by a cleanup whose delete failed, or by someone in Telegram) is
+        reopened before a follower is bound to it again; a topic that turns out to be gone, or that
+        Telegram will not reopen, is replaced by a new one (the caller creates it). Raises
+        :class:`TopicCreationFailed` when Telegram's answer is unknown (the registration is retried)."""
+        assert binding.thread_id is not None
+        result = await self._gateway.reopen_topic(binding.chat_id, binding.thread_id)
+        self._term.events.record("Reopening a closed topic before binding it again", phase="topic-reopen",
+                                 threadId=binding.thread_id, outcome=str(result.outcome))
+        if result.outcome in (Outcome.AMBIGUOUS, Outcome.RETRY_AFTER):
+            raise TopicCreationFailed(f"Telegram did not reopen the closed topic ({result.outcome}): {result.message}")
+        async with self._term.unit_of_work(authority) as uow:
+            if result.ok:
+                await BindingRepository.set_topic_state_tx(uow, binding.binding_key, "open")
+            else:  # gone, or refused: the binding keeps its slot and name and gets a new topic
+                await BindingRepository.set_topic_state_tx(uow, binding.binding_key, "deleted")
+        fresh = await self._bindings.get(binding.binding_key)
+        assert fresh is not None
+        return fresh
 
     async def _commit_owner(self, binding: Binding, request: ProvisionRequest, authority: Authority) -> None:
         async with self._term.unit_of_work(authority) as uow:

@@ -8,8 +8,13 @@ pruned and proven dead) but not yet counted as live until they register again.
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from topicbus.core.registry import FollowerRecord, FollowerRegistry
 from topicbus.leader.delivery import DeliveryHub, FollowerConnection
+
+PRUNED_CLOSE_CODE = 4002  # the follower reconnects and registers again (docs/protocol.md)
 
 
 class Roster:
@@ -18,6 +23,7 @@ class Roster:
         self.hub = hub
         self._connections: dict[str, FollowerConnection] = {}  # instance id -> socket
         self._restored: set[str] = set()  # instance ids restored from the store, not registered again yet
+        self._closing: set[asyncio.Task[Any]] = set()
 
     # --- queries ----------------------------------------------------------------------------------
     def get(self, instance_id: str) -> FollowerRecord | None:
@@ -87,6 +93,18 @@ class Roster:
         conn = self._connections.pop(instance_id, None)
         if conn is not None:
             self.hub.detach_connection(conn)
+
+    def pruned(self, record: FollowerRecord) -> None:
+        """The pruner took a follower out of the registry (no heartbeat in time): close its socket
+        too, so that a peer that stopped reading holds nothing; a live follower reconnects and
+        registers again."""
+        conn = self._connections.pop(record.instance_id, None)
+        if conn is None:
+            return
+        self.hub.detach_connection(conn)
+        task = asyncio.ensure_future(conn.close(PRUNED_CLOSE_CODE, "pruned: no heartbeat in time"))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def connection_closed(self, connection: FollowerConnection) -> None:
         self.hub.detach_connection(connection)

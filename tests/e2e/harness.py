@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -34,6 +35,13 @@ ECHO_AGENT = textwrap.dedent("""
             sys.exit(3)
         print("echo: " + line, flush=True)
 """)
+
+
+def _limit_open_files(n: int) -> None:
+    """In the child before exec: ``ulimit -n n``."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
 
 
 def free_port() -> int:
@@ -109,12 +117,14 @@ class Cluster:
         env.update(extra)
         return env
 
-    async def spawn(self, name: str, args: list[str], **env: str) -> Proc:
+    async def spawn(self, name: str, args: list[str], *, open_files: int | None = None, **env: str) -> Proc:
+        """Start ``topicbus ARGS``; ``open_files`` lowers its file descriptor limit (``ulimit -n``)."""
         log_path = self.tmp / f"{name}-{len(self.procs)}.log"
         log = open(log_path, "wb")  # noqa: SIM115 - the child owns it
+        limit = None if open_files is None else functools.partial(_limit_open_files, open_files)
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "topicbus", *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-            env=self.env(**env), cwd=str(self.tmp), start_new_session=True)
+            env=self.env(**env), cwd=str(self.tmp), start_new_session=True, preexec_fn=limit)
         log.close()
         proc = Proc(name, process, log_path)
         self.procs.append(proc)
@@ -133,8 +143,8 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    async def start_leader(self, **env: str) -> Proc:
-        return await self.spawn("leader", ["leader"], **env)
+    async def start_leader(self, *, open_files: int | None = None, **env: str) -> Proc:
+        return await self.spawn("leader", ["leader"], open_files=open_files, **env)
 
     async def start_follower(self, workdir: Path, *, name: str | None = None, script: str = ECHO_AGENT,
                              **env: str) -> Proc:

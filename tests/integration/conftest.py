@@ -1,7 +1,7 @@
 """Integration layer: real PTB and real SQLite in-process, against the fake Bot API.
 
-Fixtures: ``fake`` (a fresh ``FakeBotApi``) and ``env`` (a ``LeaderEnv`` over it and a database in
-``tmp_path``)."""
+Fixtures: ``fake`` (a fresh ``FakeBotApi``), ``env`` (a ``LeaderEnv`` over it and a database in
+``tmp_path``) and ``store`` (a ``StoreEnv``: only the database, migrated, with the lease taken)."""
 
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,6 +10,7 @@ import pytest
 
 from tests.fakebotapi import FakeBotApi
 from tests.integration.leader_env import LeaderEnv
+from tests.integration.store_env import StoreEnv
 from tests.support.fake_telegram import fake  # noqa: F401 - the fixture, shared with tests/e2e
 
 
@@ -20,3 +21,12 @@ async def env(fake: FakeBotApi, tmp_path: Path) -> AsyncIterator[LeaderEnv]:  # 
         yield leader
     finally:
         await leader.stop()
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[StoreEnv]:
+    opened = await StoreEnv.open(tmp_path)
+    try:
+        yield opened
+    finally:
+        await opened.db.close()

@@ -54,6 +54,11 @@ class MemoryConnection:
 
     frames: list[dict[str, Any]] = field(default_factory=list)
     closed: bool = False
+    congested: bool = False  # an in-memory queue always has room
+
+    async def writable(self) -> None:
+        if self.closed:
+            raise ConnectionError("closed")
 
     async def send_frame(self, frame: dict[str, Any]) -> None:
         if self.closed:
