@@ -44,7 +44,7 @@ SEND_FIELD_CAPABILITIES: Mapping[str, str] = {"format": CAP_FORMAT, "buttons": C
 #: such a type's fields are those of the named version 1 type.
 SEND_TYPE_CAPABILITIES: Mapping[str, tuple[str, str]] = {"photo": (CAP_PHOTO, "document")}
 LEADER_V1_CAPABILITIES = frozenset({CAP_DELIVER, CAP_SEND})  # what the first release advertised
-LEADER_CAPABILITIES = LEADER_V1_CAPABILITIES | {CAP_FORMAT, CAP_PHOTO}  # what this leader serves
+LEADER_CAPABILITIES = LEADER_V1_CAPABILITIES | {CAP_FORMAT, CAP_PHOTO, CAP_BUTTONS}  # what this leader serves
 FOLLOWER_BASE_CAPABILITIES = frozenset({CAP_DELIVER, CAP_DISPLAY_TITLE})
 REQUIRED_FOLLOWER_CAPABILITIES = frozenset({CAP_DELIVER})
 #: The follower client's local refusal of a send that uses a field the leader did not advertise.

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from telegram.ext import Application
 
-from topicbus.handlers import agent_commands, control, outside, topic_events, topic_messages, turns
+from topicbus.handlers import agent_commands, buttons, control, outside, topic_events, topic_messages, turns
 
 if TYPE_CHECKING:
     from topicbus.leader.assembly import LeaderServices
@@ -27,3 +27,4 @@ def register_all(app: Application, services: LeaderServices, *, chat_id: int, ow
     topic_messages.register(app, router=services.router, control=services.control, chat_id=chat_id,
                             owner_ids=owner_ids)
     outside.register(app, notices=services.notices, control=services.control, chat_id=chat_id, owner_ids=owner_ids)
+    buttons.register(app, presses=services.buttons, outbound=services.outbound, owner_ids=owner_ids)

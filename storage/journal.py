@@ -3,8 +3,12 @@
 A row's ``status``: ``pending`` (waits for its follower's receipt), ``gathering`` (an album part
 waiting for the rest of its album; delivery stops there so that order is kept), and the settled
 states ``delivered``, ``merged`` (an album part folded into its album's first row), ``skipped`` (the
-follower does not take that delivery type), ``dropped`` (``/drop``) and ``expired`` (older than the
-offline TTL). ``delivered_at_ms`` is when a row was settled, whichever way.
+follower does not take that delivery type, or a button press meant for an earlier process),
+``dropped`` (``/drop``) and ``expired`` (older than the offline TTL). ``delivered_at_ms`` is when a
+row was settled, whichever way.
+
+A row with ``for_instance`` (a button press) is generation-bound: only that follower process gets
+it, also after it reconnects; a successor never does.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from topicbus.storage.db import Authority, AuthorityLost, Database
+from topicbus.storage.db import Authority, AuthorityLost, Database, UnitOfWork
 
 DELIVERY_PREFIX = "d-"
 WAITING = ("pending", "gathering")
@@ -35,6 +39,7 @@ class JournalItem:
     created_at_ms: int = 0
     status: str = "pending"
     media_group: str | None = None
+    for_instance: str | None = None  # a generation-bound row (a button press): that follower process only
 
     @property
     def delivery_id(self) -> str:
@@ -50,7 +55,7 @@ def parse_delivery_id(delivery_id: str) -> int | None:
 
 def _item(r: Any) -> JournalItem:
     return JournalItem(r["seq"], r["update_id"], r["binding_key"], json.loads(r["payload"]), r["attempts"],
-                       r["created_at_ms"], r["status"], r["media_group"])
+                       r["created_at_ms"], r["status"], r["media_group"], r["for_instance"])
 
 
 def _dump(payload: dict[str, Any]) -> str:
@@ -93,6 +98,21 @@ class JournalRepository:
         seqs = {r["update_id"]: int(r["seq"]) for r in found}
         return sorted((JournalItem(seqs[u], u, k, p, 0, now_ms, "gathering" if g else "pending", g)
                        for u, k, p, g in unique.values() if u in seqs), key=lambda i: i.seq)
+
+    @staticmethod
+    async def append_tx(uow: UnitOfWork, update_id: int, binding_key: str, payload: dict[str, Any], now_ms: int, *,
+                        for_instance: str | None = None) -> JournalItem | None:
+        """Journal one routed update inside a caller's unit of work (with what must commit with it);
+        ``None`` when that update was already journaled. ``for_instance``: the row is generation-bound
+        and goes to that follower process only."""
+        rows = await uow.fetch_all(
+            """INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms, status, for_instance)
+               VALUES (?, ?, ?, ?, 'pending', ?) ON CONFLICT (update_id) DO NOTHING RETURNING seq""",
+            (update_id, binding_key, _dump(payload), now_ms, for_instance))
+        if not rows:
+            return None
+        return JournalItem(int(rows[0]["seq"]), update_id, binding_key, payload, 0, now_ms, "pending", None,
+                           for_instance)
 
     async def pending(self, binding_key: str, limit: int = 500, after_seq: int = 0) -> list[JournalItem]:
         """Rows that wait for this binding's follower, in journal order (album parts still

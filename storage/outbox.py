@@ -74,6 +74,11 @@ class OutboxRepository:
         rows = await self._db.fetch_all(f"SELECT id, payload FROM outbox WHERE id IN ({marks})", list(ids))
         return {r["id"]: json.loads(r["payload"]) for r in rows}
 
+    async def origin(self, item_id: int) -> tuple[str, str, str] | None:
+        """(binding key, instance id, kind) of one row: whose output it is."""
+        row = await self._db.fetch_one("SELECT binding_key, instance_id, kind FROM outbox WHERE id = ?", (item_id,))
+        return None if row is None else (row["binding_key"], row["instance_id"], row["kind"])
+
     async def backlog_of(self, binding_key: str) -> tuple[int, int]:
         """(pending items, pending payload bytes) of one binding."""
         row = await self._db.fetch_one(

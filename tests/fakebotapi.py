@@ -29,13 +29,19 @@ What it fakes, with Telegram's real error strings and HTTP status codes:
   ``push_topic_event`` (forum service messages), ``push_update`` (anything, even malformed). Every
   message the fake builds (the bot's and the users') is kept, so that a reply carries the
   replied-to message as Telegram does;
+* inline keyboards: ``reply_markup`` is kept on each message the bot sent (``editMessageText``
+  without one removes it, as Telegram does; ``editMessageReplyMarkup``), ``push_callback_query``
+  queues an owner's (or a stranger's) press of a button on a message the bot sent, with that message
+  as it is now, and ``answerCallbackQuery`` is recorded in ``callback_answers`` (one answer per
+  query; an unknown or already answered query gets Telegram's "query is too old" error);
+  ``redeliver`` puts an update back as Telegram does after a crash before the offset was confirmed;
 * faults per method (``fail_next``, ``delay_next``, ``drop_next``, ``malformed_next``,
   ``result_false_next``) and a per-chat flood limiter answering 429 with ``retry_after``.
 
 Message ids and thread ids share one counter per chat, as in Telegram (a topic's thread id is the id
 of its ``forum_topic_created`` service message), starting at 2: id 1 is the General topic.
 
-What it does not fake: webhooks, inline/callback queries, sending media other than documents, entities
+What it does not fake: webhooks, inline queries, sending media other than documents, entities
 and ``parse_mode`` validation, per-user permissions beyond the bot's admin flag, multiple bots
 (tokens are recorded but share one state), the General-topic methods, chat migration.
 """
@@ -76,12 +82,13 @@ DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile refuses bigger files ("file is too 
 ALLOWED_REACTIONS = frozenset({"👀", "👍", "👎", "❤", "🔥", "🎉", "✍", "👌", "🤔", "🙏"})  # a subset of Telegram's list
 MEDIA_KINDS = ("photo", "voice", "audio", "video", "video_note", "animation", "document")
 NOT_MODIFIED = "Bad Request: TOPIC_NOT_MODIFIED"
+QUERY_TOO_OLD = "Bad Request: query is too old and response timeout expired or query ID is invalid"
 
 _INT_PARAMS = frozenset({"chat_id", "message_thread_id", "offset", "limit", "user_id", "message_id",
                          "icon_color", "from_chat_id", "reply_to_message_id"})
 _FLOAT_PARAMS = frozenset({"timeout"})
 _STR_PARAMS = frozenset({"text", "name", "caption", "parse_mode", "action", "icon_custom_emoji_id",
-                         "file_id", "title", "url", "secret_token"})
+                         "file_id", "title", "url", "secret_token", "callback_query_id"})
 _DEFAULT_DESCRIPTIONS = {400: "Bad Request: injected failure", 401: "Unauthorized",
                          403: "Forbidden: bot was kicked from the supergroup chat", 404: "Not Found",
                          409: CONFLICT, 500: "Internal Server Error", 502: "Bad Gateway"}
@@ -117,6 +124,14 @@ class SentMessage:
     edits: int = 0
     edited_at: float | None = None
     history: list[tuple[float, str]] = field(default_factory=list)  # (time, text) as first sent and after each edit
+
+
+@dataclass
+class CallbackAnswer:
+    query_id: str
+    text: str | None
+    show_alert: bool
+    at: float
 
 
 @dataclass
@@ -203,6 +218,8 @@ class FakeBotApi:
         self.flood_rejections = 0
         self._commands: dict[str, list[Any]] = {}
         self.reactions: list[Reaction] = []
+        self.callback_answers: list[CallbackAnswer] = []
+        self._queries: dict[str, bool] = {}  # callback query id -> answered
         self._messages: dict[tuple[int, int], JSON] = {}  # every message built, for replies
         self._file_sizes: dict[str, int] = {}  # declared sizes of files pushed without content
         self._chats: dict[int, _Chat] = {}
@@ -225,7 +242,7 @@ class FakeBotApi:
                      "editForumTopic", "closeForumTopic", "reopenForumTopic", "deleteForumTopic",
                      "sendMessage", "sendChatAction", "sendDocument", "sendPhoto", "editMessageText",
                      "editMessageReplyMarkup", "deleteMessage", "getFile", "setMessageReaction", "getChat",
-                     "getChatMember", "setMyCommands",
+                     "getChatMember", "setMyCommands", "answerCallbackQuery",
                      "getMyCommands", "deleteMyCommands", "getForumTopicIconStickers"):
             self.register_method(name, getattr(self, "_m_" + name))
         self.add_forum(forum_chat_id)
@@ -387,6 +404,49 @@ class FakeBotApi:
         return [self.push_media(chat_id, kind, thread_id=thread_id, content=data, media_group_id=group,
                                 caption=caption if i == 0 else None, file_name=f"part{i}.{kind}")
                 for i, (kind, data) in enumerate(parts)]
+
+    def push_callback_query(self, chat_id: int, message_id: int, data: str, *, from_id: int = DEFAULT_USER_ID,
+                            first_name: str = "Owner", is_bot: bool = False) -> JSON:
+        """Queue a ``callback_query`` update: a user pressed the button with ``data`` under the bot's
+        message ``message_id``. The query carries that message as it reads now (text, entities,
+        keyboard, its topic), as Telegram sends it."""
+        sent = next((m for m in self.sent if m.chat_id == chat_id and m.message_id == message_id and not m.deleted),
+                    None)
+        if sent is None:
+            raise ValueError(f"the bot sent no message {message_id} in chat {chat_id}")
+        content: JSON = {}
+        if sent.kind == "text":
+            content["text"] = sent.text or ""
+            if sent.entities:
+                content["entities"] = sent.entities
+        else:
+            content["document"] = {"file_id": f"doc-{chat_id}-{message_id}", "file_unique_id": f"u{message_id}",
+                                   "file_name": sent.document_name or "document"}
+            if sent.caption is not None:
+                content["caption"] = sent.caption
+        if sent.reply_markup:
+            content["reply_markup"] = sent.reply_markup
+        message = self._build_message(chat_id, sent.thread_id, self._bot_from(), content, message_id)
+        query_id = f"{from_id}-{self._next_update_id}"
+        self._queries[query_id] = False
+        return self._enqueue("callback_query", {"id": query_id, "from": self._user(from_id, first_name, is_bot),
+                                                "chat_instance": f"ci{chat_id}", "data": data, "message": message})
+
+    def redeliver(self, update: JSON) -> None:
+        """Put an update back in the queue with its own ``update_id``, as Telegram does when the bot
+        stopped before confirming it (a getUpdates with a higher offset drops it again)."""
+        self._updates = sorted([*(u for u in self._updates if u["update_id"] != update["update_id"]), update],
+                               key=lambda u: u["update_id"])
+        self._pulse()
+
+    def clear_faults(self, method: str) -> None:
+        """Forget the faults still queued for ``method``."""
+        self._faults.pop(method.lower(), None)
+
+    def answers_to(self, update: JSON) -> list[CallbackAnswer]:
+        """What the bot answered to the callback query of ``update``."""
+        query_id = update["callback_query"]["id"]
+        return [a for a in self.callback_answers if a.query_id == query_id]
 
     def message(self, chat_id: int, message_id: int) -> JSON | None:
         """A message the fake built (the bot's or a user's)."""
@@ -999,6 +1059,17 @@ class FakeBotApi:
                 raise ApiError(400, "Bad Request: REACTION_INVALID")
             emoji = kind["emoji"]
         self.reactions.append(Reaction(chat.id, message_id, emoji, time.monotonic()))
+        return True
+
+    def _m_answerCallbackQuery(self, p: JSON) -> bool:
+        query_id = p.get("callback_query_id")
+        text = p.get("text")
+        if text is not None and len(text) > 200:
+            raise ApiError(400, "Bad Request: MESSAGE_TOO_LONG")
+        if query_id not in self._queries or self._queries[query_id]:
+            raise ApiError(400, QUERY_TOO_OLD)
+        self._queries[query_id] = True
+        self.callback_answers.append(CallbackAnswer(query_id, text, bool(p.get("show_alert")), time.monotonic()))
         return True
 
     def _m_getChat(self, p: JSON) -> JSON:

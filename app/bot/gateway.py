@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
-from telegram import (Bot, BotCommand, BotCommandScopeChat, InlineKeyboardMarkup, InputFile, MessageEntity,
-                      ReactionTypeEmoji)
+from telegram import (Bot, BotCommand, BotCommandScopeChat, InlineKeyboardButton, InlineKeyboardMarkup, InputFile,
+                      MessageEntity, ReactionTypeEmoji)
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
 
 from topicbus.core.formatting import Rendered
 
+
+#: An inline keyboard as the leader describes it: rows of (label, callback data).
+InlineKeys = Sequence[Sequence[tuple[str, str]]]
 
 TOPIC_GONE_MARKERS = ("message thread not found", "thread not found", "topic_id_invalid", "topic not found",
                       "topic_deleted", "topic deleted")
@@ -113,34 +116,46 @@ class TelegramGateway:
         return await self._call(self.bot.reopen_forum_topic(chat_id=chat_id, message_thread_id=thread_id))
 
     async def send_message(self, chat_id: int, thread_id: int | None, message: Rendered, *, silent: bool = False,
-                           buttons: InlineKeyboardMarkup | None = None) -> CallResult:
-        """A text message; the value is its message id."""
+                           buttons: InlineKeys | InlineKeyboardMarkup | None = None) -> CallResult:
+        """A text message, with an inline keyboard when ``buttons`` are given; the value is its message id."""
         result = await self._call(self.bot.send_message(
             chat_id=chat_id, message_thread_id=thread_id, text=message.text, entities=_entities(message),
-            parse_mode=message.parse_mode, disable_notification=silent, reply_markup=buttons))
+            parse_mode=message.parse_mode, disable_notification=silent, reply_markup=_markup(buttons)))
         return _message_id(result)
 
     async def edit_message(self, chat_id: int, message_id: int, message: Rendered, *,
-                           buttons: InlineKeyboardMarkup | None = None) -> CallResult:
-        """Replace a message's text ("message is not modified" counts as success)."""
+                           buttons: InlineKeys | InlineKeyboardMarkup | None = None) -> CallResult:
+        """Replace a message's text ("message is not modified" counts as success). The message keeps
+        an inline keyboard only if ``buttons`` are given again: Telegram removes it otherwise."""
         return await self._call(self.bot.edit_message_text(
             chat_id=chat_id, message_id=message_id, text=message.text, entities=_entities(message),
-            parse_mode=message.parse_mode, reply_markup=buttons))
+            parse_mode=message.parse_mode, reply_markup=_markup(buttons)))
 
-    async def edit_buttons(self, chat_id: int, message_id: int, buttons: InlineKeyboardMarkup | None) -> CallResult:
+    async def edit_buttons(self, chat_id: int, message_id: int,
+                           buttons: InlineKeys | InlineKeyboardMarkup | None) -> CallResult:
+        """Replace (or, with None, remove) a message's inline keyboard."""
         return await self._call(self.bot.edit_message_reply_markup(chat_id=chat_id, message_id=message_id,
-                                                                   reply_markup=buttons))
+                                                                   reply_markup=_markup(buttons)))
+
+    async def answer_callback_query(self, query_id: str, text: str | None = None, *,
+                                    alert: bool = False) -> CallResult:
+        """Answer a button press (the client stops its spinner): a short toast, or with ``alert`` a
+        dialog the presser has to dismiss. Telegram allows one answer per query, within seconds."""
+        return await self._call(self.bot.answer_callback_query(callback_query_id=query_id, text=text,
+                                                               show_alert=alert))
 
     async def send_chat_action(self, chat_id: int, thread_id: int | None, action: str) -> CallResult:
         return await self._call(self.bot.send_chat_action(chat_id=chat_id, message_thread_id=thread_id, action=action))
 
     async def send_document(self, chat_id: int, thread_id: int | None, file_name: str, data: bytes,
-                            caption: Rendered | None, *, silent: bool = False) -> CallResult:
+                            caption: Rendered | None, *, silent: bool = False,
+                            buttons: InlineKeys | None = None) -> CallResult:
         """A file; the value is its message id."""
         return _message_id(await self._call(self.bot.send_document(
             chat_id=chat_id, message_thread_id=thread_id, document=io.BytesIO(data), filename=file_name,
             caption=caption.text if caption else None, caption_entities=_entities(caption),
-            parse_mode=caption.parse_mode if caption else None, disable_notification=silent)))
+            parse_mode=caption.parse_mode if caption else None, disable_notification=silent,
+            reply_markup=_markup(buttons))))
 
     async def send_photo(self, chat_id: int, thread_id: int | None, file_name: str, data: bytes,
                          caption: Rendered | None, *, silent: bool = False) -> CallResult:
@@ -183,6 +198,13 @@ class TelegramGateway:
             return bytes(await file.download_as_bytearray())
 
         return await self._call(fetch())
+
+
+def _markup(buttons: InlineKeys | InlineKeyboardMarkup | None) -> InlineKeyboardMarkup | None:
+    if buttons is None or isinstance(buttons, InlineKeyboardMarkup):
+        return buttons
+    return InlineKeyboardMarkup([[InlineKeyboardButton(text, callback_data=data) for text, data in row]
+                                 for row in buttons])
 
 
 def _entities(message: Rendered | None) -> list[MessageEntity] | None:

@@ -19,13 +19,16 @@ from topicbus.core.display import DisplayMode
 from topicbus.core.liveness import LivenessPort
 from topicbus.core.mutations import FollowerMutationQueue
 from topicbus.core.pruning import FollowerPruner
+from topicbus.core.registry import FollowerRegistry
 from topicbus.core.startup import Timers
 from topicbus.leader.agent_commands import AgentCommands, OfflineQueue
+from topicbus.leader.buttons import ButtonPresses
 from topicbus.leader.control import ControlDesk
 from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.departure import DepartureHandler, Departures, ScheduledCleanups
 from topicbus.leader.followers import FollowerDesk
 from topicbus.leader.inbound import InboundScreen
+from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundOptions, OutboundScheduler, ScheduledGateway
 from topicbus.leader.preferences import Preferences
@@ -70,6 +73,8 @@ class LeaderServices:
     followers: FollowerDesk
     agent_commands: AgentCommands
     reactions: ReceiptReactions
+    keyboards: Keyboards
+    buttons: ButtonPresses
 
 
 def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
@@ -78,11 +83,15 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
              receipt_reaction: str | None = "👀", cleanup_grace_s: float = 600.0) -> LeaderServices:
     telegram = TelegramGateway(bot)
     titles = TopicCache(BindingRepository(term.db))
+    # Who is registered: the roster keeps it; the keyboards under output ask it whether the process
+    # that printed a message can still be interrupted.
+    registry = FollowerRegistry()
+    keyboards = Keyboards(term, registry)
     # Every outbound call of the term goes through the one scheduler that spends the chat's budget;
     # the use cases get the gateway's methods through it (ScheduledGateway). A topic Telegram says
     # is gone is recorded in the store; its follower learns it at its next heartbeat.
     outbound = OutboundScheduler(term, telegram, outbound_options,
-                                 on_topic_gone=functools.partial(record_topic_gone, term, titles))
+                                 on_topic_gone=functools.partial(record_topic_gone, term, titles), keyboards=keyboards)
     gateway = ScheduledGateway(telegram, outbound)
     journal = JournalRepository(term.db)
     screen = InboundScreen(journal, term.clock, term.authority, offline_ttl_ms=int(offline_ttl_s * 1000))
@@ -90,7 +99,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     reactions = ReceiptReactions(react=gateway.set_message_reaction, chat_id=term.chat_id,
                                  emoji=reaction_emoji(receipt_reaction), spawn=term.spawn)
     roster = Roster(DeliveryHub(journal, term.clock, term.authority, screen=screen,
-                                on_delivered=reactions.on_delivered))
+                                on_delivered=reactions.on_delivered), registry)
     admission = AdmissionLedger(term.db, term.owner, term.now_ms, term.authority)
     mutations = FollowerMutationQueue()
     preferences = Preferences(term, default_cleanup=default_cleanup, default_display_mode=default_display_mode)
@@ -115,6 +124,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         on_pruned=roster.pruned)
     router = Router(term, roster, gateway, notices, outbound, timers=timers)
     agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
+    buttons = ButtonPresses(term, router, agent_commands, gateway)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
                                   admission=admission, mutations=mutations, pruner=pruner, titles=titles,
                                   control=control, on_roster_change=display.schedule)
@@ -129,7 +139,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,
-                          agent_commands=agent_commands, reactions=reactions)
+                          agent_commands=agent_commands, reactions=reactions, keyboards=keyboards, buttons=buttons)
 
 
 async def open_term(services: LeaderServices, *, replay: bool = True,
@@ -156,6 +166,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
         return False
     s.outbound.start()
     await s.router.start()
+    await s.buttons.resume()
     s.agent_commands.queue.start()
     await s.registrations.restore_roster()
     s.pruner.begin()

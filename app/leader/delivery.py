@@ -145,7 +145,7 @@ class DeliveryHub:
                         continue  # sent directly meanwhile
                     if not self._current(binding_key, route):
                         return sent
-                    prepared = await self._screen.screen(binding_key, route.capabilities, item)
+                    prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
                     if prepared is HOLD:  # an album still gathering: its seal kicks the route again
                         route.caught_up = False
                         return sent
@@ -188,7 +188,7 @@ class DeliveryHub:
                 if route.connection.congested or not self._current(binding_key, route):
                     self._want(binding_key, route)  # the pump sends the rest once the follower drains
                     return sent
-                prepared = await self._screen.screen(binding_key, route.capabilities, item)
+                prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
                 if prepared is HOLD:
                     route.caught_up = False
                     return sent

@@ -6,7 +6,9 @@ The journal keeps one **canonical item** per owner update (built by ``handlers/t
 * ``media``: every message that carries a file (document, photo, voice, audio, video, video note,
   animation), with each file's kind, duration and size; an album becomes one item with all its
   files when its parts are sealed (:func:`combine_album`);
-* ``edit``: an owner edited a message.
+* ``edit``: an owner edited a message;
+* ``button``: an owner pressed a follower's inline button (journaled by ``leader/buttons``, bound
+  to the follower process whose message carried it: ``for_instance``).
 
 At delivery, :func:`adapt_for` gives each follower what it advertised it can take (SPEC §9.1):
 
@@ -17,7 +19,9 @@ At delivery, :func:`adapt_for` gives each follower what it advertised it can tak
   such a follower;
 * ``edit`` goes only to ``edit-v1`` followers. Any other follower never gets it: the row is settled
   as ``skipped`` (while it is online, the router tells the topic, see ``routing``);
-* any other type goes to nobody but a follower with its capability.
+* any other type goes to nobody but a follower with its capability;
+* a generation-bound row (a ``button`` press) goes only to the follower process it was meant for,
+  also after that process reconnected; a successor never gets it (the row is settled ``skipped``).
 
 :class:`InboundScreen` is the delivery hub's one question per journal row: hold (an album still
 gathering: nothing after it is sent either, so order is kept), settle without sending (expired
@@ -33,7 +37,7 @@ from typing import Any, Final
 from loguru import logger
 
 from topicbus.core.clock import Clock
-from topicbus.protocol import Capabilities, ControlItem, EditItem, MediaItem, message_item
+from topicbus.protocol import ButtonItem, Capabilities, ControlItem, EditItem, MediaItem, message_item
 from topicbus.storage.db import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository
 
@@ -58,6 +62,12 @@ def edit_item(message_id: int, text: str | None) -> dict[str, Any]:
 def control_item(action: str, message_id: int | None = None) -> dict[str, Any]:
     return ControlItem.model_validate({"type": "control", "action": action,
                                        "messageId": message_id}).model_dump(by_alias=True)
+
+
+def button_item(data: str, message_id: int | None, from_user_id: int | None) -> dict[str, Any]:
+    """A ``button`` delivery item: an owner pressed the button with this ``data`` under ``message_id``."""
+    return ButtonItem.model_validate({"type": "button", "data": data, "messageId": message_id,
+                                      "fromUserId": from_user_id}).model_dump(by_alias=True)
 
 
 def is_too_large(size: int | None) -> bool:
@@ -142,6 +152,8 @@ def preview(item: Mapping[str, Any], limit: int = 60) -> str:
         text = f"{head}: {body}" if body else head
     elif kind == "edit":
         text = f"✏️ edit: {item.get('text') or ''}"
+    elif kind == "button":
+        text = f"🔘 button: {item.get('data') or ''}"
     else:
         text = item.get("text") or item.get("caption") or ""
         document = item.get("document")
@@ -186,8 +198,10 @@ class InboundScreen:
         ttl = self.offline_ttl_ms
         return bool(ttl) and item.created_at_ms > 0 and now_ms - item.created_at_ms > ttl  # type: ignore[operator]
 
-    async def screen(self, binding_key: str, capabilities: frozenset[str], item: JournalItem) -> Any:
-        """:data:`HOLD`, None (settled here, nothing to send) or the item to send."""
+    async def screen(self, binding_key: str, capabilities: frozenset[str], item: JournalItem,
+                     instance_id: str | None = None) -> Any:
+        """:data:`HOLD`, None (settled here, nothing to send) or the item to send to the follower
+        ``instance_id`` (None: whichever follower holds the binding)."""
         if item.status == "gathering":
             return HOLD
         now = self._clock.now_ms()
@@ -195,6 +209,11 @@ class InboundScreen:
             if await self._journal.settle(item.seq, binding_key, "expired", now, self._authority()):
                 logger.bind(phase="delivery").info("delivery {} expired before its follower took it", item.delivery_id)
                 self.expired.set()
+            return None
+        if item.for_instance is not None and instance_id is not None and item.for_instance != instance_id:
+            logger.bind(phase="delivery").info("delivery {} ({}) not sent: it was meant for an earlier process",
+                                               item.delivery_id, item.payload.get("type"))
+            await self._journal.settle(item.seq, binding_key, "skipped", now, self._authority())
             return None
         adapted = adapt_for(item.payload, capabilities)
         if adapted is None:

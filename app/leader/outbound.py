@@ -7,6 +7,10 @@ Every outbound Bot API call of a term goes through :class:`OutboundScheduler`:
 * other calls (topic create/edit/close/reopen/delete, probes, reactions) through :meth:`call`,
   usually via :class:`ScheduledGateway`, which has the gateway's methods with a priority each.
 
+Inline keyboards (``leader/keyboards``): a follower's buttons go under its message; while an agent
+prints, its silent stream messages, its live message (at each edit) and its output files carry the
+Interrupt button. Both ride on calls that go out anyway; no call is made for a keyboard alone.
+
 It spends :class:`~topicbus.core.budget.ChatBudget` by priority (control answers and notices, then
 answers to buttons and prompts, then output, then title edits), topics in turn (least recently
 served first), and pauses the whole chat for what ``RetryAfter`` says. Order inside a topic never
@@ -36,8 +40,11 @@ from topicbus.core.budget import BudgetConfig, ChatBudget, Priority
 from topicbus.core.formatting import MAX_CAPTION, Rendered, as_plain, render, split, tail, utf16_len
 from topicbus.core.output import (AsFile, Extend, Idle, NewMessage, OutputConfig, Ping, QueuedItem, Single,
                                   TopicTurn, Wait, coalescible, fitting, plan)
+from topicbus.leader.keyboards import Keyboards, keys
 from topicbus.leader.term import LeaderTerm
 from topicbus.retry import Backoff
+from topicbus.storage.db import AuthorityLost
+from topicbus.storage.keyboards import Keyboard
 from topicbus.storage.outbox import OutboxRepository
 
 TopicKey = tuple[int, int | None]
@@ -46,6 +53,7 @@ FILE_HEADS = 8192
 MAX_BACKOFF_S = 30.0
 GONE_PAUSE_S = 30.0
 CALL_DEADLINE_S = 60.0
+ANSWER_DEADLINE_S = 10.0  # Telegram lets a button press be answered for a few seconds only
 WAKE_DEBOUNCE_S = 0.02
 SKIPPED = "skipped under pressure"
 
@@ -94,9 +102,12 @@ class OutboundStats:
 
 class OutboundScheduler:
     def __init__(self, term: LeaderTerm, gateway: TelegramGateway, options: OutboundOptions,
-                 on_topic_gone: Callable[[int, int], Awaitable[object]] | None = None):
+                 on_topic_gone: Callable[[int, int], Awaitable[object]] | None = None,
+                 keyboards: Keyboards | None = None):
         self._term = term
         self._gateway = gateway
+        self._keyboards = keyboards
+        self._live_keyboards: dict[TopicKey, Keyboard] = {}  # the keyboard on each topic's live message
         self._repo = OutboxRepository(term.db)
         self.options = options
         self.budget = ChatBudget(options.budget)
@@ -367,7 +378,8 @@ class OutboundScheduler:
         raw, payloads = await self._texts(step.items)
         head = step.items[0]
         buttons = payloads.get(head.id, {}).get("buttons") if head.has_buttons else None
-        markup = self.buttons_markup(head.id, buttons) if buttons else None
+        keyboard = await self._keyboard(key, head.id, step.items[-1].id, buttons, printing=not step.notify)
+        markup = keys(keyboard) if keyboard is not None else None
         rendered = render(raw, head.fmt)
         parts = split(rendered) or [Rendered(raw or " ")]
         result = CallResult(Outcome.OK)
@@ -385,9 +397,41 @@ class OutboundScheduler:
             topic.turn.sent_message(int(time.monotonic() * 1000), notify=step.notify, message_id=message_id,
                                     fmt=head.fmt, raw=raw, units=utf16_len(raw), growable=growable,
                                     arrived_ms=max(i.arrived_ms for i in step.items))
+            await self._carried(key, keyboard, message_id, live=growable)
             self.stats.messages += len(parts)
             if head.kind == "text":
                 self.stats.units_sent += utf16_len(raw)
+
+    async def _keyboard(self, key: TopicKey, head_id: int, last_id: int, buttons: Any, *,
+                        printing: bool) -> Keyboard | None:
+        """The keyboard a new message carries (``leader/keyboards``); None when there is none or it
+        cannot be stored now (the output still goes out)."""
+        if self._keyboards is None:
+            return None
+        try:
+            return await self._keyboards.for_message(key[0], key[1], head_id=head_id, last_id=last_id,
+                                                     buttons=buttons, printing=printing)
+        except AuthorityLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a keyboard is never worth holding output back
+            self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
+            return None
+
+    async def _carried(self, key: TopicKey, keyboard: Keyboard | None, message_id: int | None, *,
+                       live: bool) -> None:
+        """A message went out with ``keyboard``: remember its message; the live message's keyboard is
+        kept so that the edits that grow it keep (or drop) the Interrupt button."""
+        if keyboard is not None and self._keyboards is not None:
+            try:
+                keyboard = await self._keyboards.sent(keyboard, message_id)
+            except AuthorityLost:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
+                self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
+        if live and keyboard is not None:
+            self._live_keyboards[key] = keyboard
+        else:
+            self._live_keyboards.pop(key, None)
 
     async def _send_text(self, key: TopicKey, message: Rendered, raw: str, *, silent: bool,
                          markup: Any = None, priority: Priority = Priority.OUTPUT) -> CallResult:
@@ -411,15 +455,31 @@ class OutboundScheduler:
             topic.turn.stream.live = None  # no room after rendering: the next turn starts a new message
             return
         chat = key[0]
-        result = await self._send(True, lambda: self._gateway.edit_message(chat, live.message_id, rendered))
+        keyboard = await self._growing_keyboard(key, live.message_id, step.items[-1].id)
+        markup = keys(keyboard) if keyboard is not None else None
+        result = await self._send(True, lambda: self._gateway.edit_message(chat, live.message_id, rendered,
+                                                                            buttons=markup))
         if result.outcome is Outcome.REJECTED and "parse" not in result.message.lower():
             topic.turn.stream.live = None  # the message cannot be edited (deleted, too old): start anew
+            self._live_keyboards.pop(key, None)
             return
         if await self._settle(key, topic, step.items, result, live.message_id):
             topic.turn.extended(int(time.monotonic() * 1000), raw, utf16_len(raw),
                                 arrived_ms=max(i.arrived_ms for i in step.items))
+            await self._carried(key, keyboard, live.message_id, live=True)
             self.stats.edits += 1
             self.stats.units_sent += utf16_len(added)
+
+    async def _growing_keyboard(self, key: TopicKey, message_id: int, last_id: int) -> Keyboard | None:
+        """The keyboard of the live message at an edit that grows it (the agent is printing): its
+        Interrupt button while the registration that printed it is still registered, a new one for the
+        newest output's process otherwise. Telegram drops a keyboard the edit does not repeat."""
+        if self._keyboards is None:
+            return None
+        current = self._live_keyboards.get(key)
+        if current is not None and current.message_id == message_id and self._keyboards.still_interruptible(current):
+            return current
+        return await self._keyboard(key, last_id, last_id, None, printing=True)
 
     async def _as_file(self, key: TopicKey, topic: _Topic, step: AsFile, now: float) -> None:
         items = step.items
@@ -431,13 +491,17 @@ class OutboundScheduler:
         preview = tail(raw, MAX_CAPTION - 2)
         caption = render(preview, "pre")
         chat, thread = key
+        keyboard = await self._keyboard(key, items[0].id, items[-1].id, None, printing=True)
+        markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(True, lambda: self._gateway.send_document(
-            chat, thread, f"output-{stamp}.txt", raw.encode("utf-8", "surrogatepass"), caption, silent=True))
+            chat, thread, f"output-{stamp}.txt", raw.encode("utf-8", "surrogatepass"), caption, silent=True,
+            buttons=markup))
         message_id = result.value if isinstance(result.value, int) else None
         if await self._settle(key, topic, items, result, message_id):
             topic.turn.sent_message(int(time.monotonic() * 1000), notify=False, message_id=message_id,
                                     fmt=items[0].fmt, raw=raw, units=utf16_len(raw), growable=False,
                                     arrived_ms=max(i.arrived_ms for i in items))
+            await self._carried(key, keyboard, message_id, live=False)
             self.stats.files += 1
             self.stats.units_sent += utf16_len(raw)
 
@@ -448,6 +512,7 @@ class OutboundScheduler:
             self.budget.pause(time.monotonic(), result.retry_after_s)
             return
         topic.turn.pinged(int(time.monotonic() * 1000))  # a failed ping is not retried: it carries no output
+        self._live_keyboards.pop(key, None)
         if result.ok:
             self.stats.pings += 1
 
@@ -506,10 +571,6 @@ class OutboundScheduler:
         if not result.ok:
             topic.paused_until = time.monotonic() + topic.backoff.next()
 
-    # --- buttons (the leader side of issue 12 fills this in) ------------------------------------------
-    def buttons_markup(self, item_id: int, rows: Any) -> Any:
-        return None
-
 
 class ScheduledGateway:
     """The gateway's topic and probe calls, each through the scheduler with its priority: topic
@@ -543,6 +604,25 @@ class ScheduledGateway:
         return await self._scheduler.call(Priority.OUTPUT, chat_id, thread_id,
                                           lambda: self._gateway.send_chat_action(chat_id, thread_id, action),
                                           spends=False)
+
+    async def answer_press(self, chat_id: int, thread_id: int | None, query_id: str, text: str, *,
+                           alert: bool = False) -> CallResult:
+        """Answer a button press: an answer to a person waiting, which spends none of the group's
+        allowance (SPEC §9.1) but honours a RetryAfter pause; given up after a few seconds, when
+        Telegram no longer takes it."""
+        return await self._scheduler.call(Priority.ANSWER, chat_id, thread_id,
+                                          lambda: self._gateway.answer_callback_query(query_id, text, alert=alert),
+                                          spends=False, deadline_s=ANSWER_DEADLINE_S)
+
+    async def show_choice(self, chat_id: int, thread_id: int | None, message_id: int,
+                          message: Rendered | None) -> CallResult:
+        """Edit a message whose button was pressed: its text with the choice under it (``message``),
+        and no keyboard; with None, only the keyboard is removed. An edit: it spends the allowance."""
+        if message is None:
+            return await self._scheduler.call(Priority.ANSWER, chat_id, thread_id,
+                                              lambda: self._gateway.edit_buttons(chat_id, message_id, None))
+        return await self._scheduler.call(Priority.ANSWER, chat_id, thread_id,
+                                          lambda: self._gateway.edit_message(chat_id, message_id, message))
 
     async def set_message_reaction(self, chat_id: int, message_id: int, emoji: str) -> CallResult:
         """The receipt reaction: the least important call, skipped while output is held back."""

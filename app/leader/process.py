@@ -384,6 +384,11 @@ class Leadership:
             journal, outbox = await self.services.router.purge_history(HISTORY_KEEP_MS)
             if journal or outbox:
                 logger.bind(phase="purge").info("purged {} delivered messages and {} sent outputs", journal, outbox)
+            # A press on a keyboard older than this is answered as stale.
+            keyboards = await self.services.keyboards.repo.purge(self.term.now_ms() - HISTORY_KEEP_MS,
+                                                                 self.term.authority())
+            if keyboards:
+                logger.bind(phase="purge").info("purged {} inline keyboards", keyboards)
 
     async def _prune(self, context: ContextTypes.DEFAULT_TYPE) -> None:
         if self.services is not None:

@@ -18,8 +18,8 @@ PRUNED_CLOSE_CODE = 4002  # the follower reconnects and registers again (docs/pr
 
 
 class Roster:
-    def __init__(self, hub: DeliveryHub):
-        self.registry = FollowerRegistry()
+    def __init__(self, hub: DeliveryHub, registry: FollowerRegistry | None = None):
+        self.registry = registry if registry is not None else FollowerRegistry()
         self.hub = hub
         self._connections: dict[str, FollowerConnection] = {}  # instance id -> socket
         self._restored: set[str] = set()  # instance ids restored from the store, not registered again yet

@@ -25,7 +25,7 @@ import json
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +43,7 @@ from topicbus.leader.term import LeaderTerm
 from topicbus.core.formatting import utf16_len
 from topicbus.protocol import CAP_EDIT, ErrorCode, ProtocolError, SendRequest
 from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.db import Authority, AuthorityLost
+from topicbus.storage.db import Authority, AuthorityLost, UnitOfWork
 from topicbus.storage.journal import JournalItem, JournalRepository
 from topicbus.storage.outbox import OutboxRepository
 
@@ -199,6 +199,27 @@ class Router:
         for item in items:
             await self._tell_owner(item, authority)
         return items
+
+    async def route_bound(self, update_id: int, binding_key: str, payload: dict[str, Any], *, for_instance: str,
+                          claim: Callable[[UnitOfWork], Awaitable[bool]]) -> JournalItem | None:
+        """Journal a generation-bound item (a button press) for one follower process, in the same
+        transaction as ``claim`` (which records that the press was taken: the two commit together or
+        not at all), then deliver it. None when ``claim`` refused or the update was journaled before.
+        What the owner sent before it in this ``getUpdates`` batch is journaled and delivered first."""
+        await self.flush_batch()
+        authority = self._term.authority()
+        async with self._journal_lock:  # appends and their first delivery stay in journal order
+            async with self._term.unit_of_work(authority) as uow:
+                if not await claim(uow):
+                    return None
+                item = await JournalRepository.append_tx(uow, update_id, binding_key, payload, self._term.now_ms(),
+                                                         for_instance=for_instance)
+            if item is None:
+                return None
+            self.stats["routed"] += 1
+            if self._roster.is_routed(binding_key):
+                await self._roster.hub.deliver_new(binding_key, [item])
+        return item
 
     async def _tell_owner(self, item: JournalItem, authority: Authority) -> None:
         """What the topic must know about an item just journaled: files too large for the agent,

@@ -130,6 +130,19 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
+    async def spawn_python(self, name: str, script: str, **env: str) -> Proc:
+        """A Python program of the test's own (for example one using ``FollowerClient``), with the
+        cluster's environment."""
+        log_path = self.tmp / f"{name}-{len(self.procs)}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - the child owns it
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-u", "-c", script, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+            env=self.env(**env), cwd=str(self.tmp), start_new_session=True)
+        log.close()
+        proc = Proc(name, process, log_path)
+        self.procs.append(proc)
+        return proc
+
     async def start_leader(self, *, open_files: int | None = None, **env: str) -> Proc:
         return await self.spawn("leader", ["leader"], open_files=open_files, **env)
 

@@ -271,6 +271,36 @@ async def test_edited_and_raw_updates(fake: FakeBotApi, bot: Bot) -> None:
     assert updates[1].update_id == 2 and updates[1].message is None
 
 
+async def test_callback_queries_carry_the_message_and_are_answered_once(fake: FakeBotApi, bot: Bot) -> None:
+    from telegram import InlineKeyboardButton, InlineKeyboardMarkup
+
+    thread = (await bot.create_forum_topic(CHAT, "t")).message_thread_id
+    keyboard = InlineKeyboardMarkup([[InlineKeyboardButton("Yes", callback_data="k:y")]])
+    sent = await bot.send_message(CHAT, "Go?", message_thread_id=thread, reply_markup=keyboard)
+    pushed = fake.push_callback_query(CHAT, sent.message_id, "k:y", from_id=5, first_name="Eve")
+    (update,) = await bot.get_updates(timeout=0)
+    query = update.callback_query
+    assert query.data == "k:y" and query.from_user.id == 5 and query.message.message_id == sent.message_id
+    assert query.message.message_thread_id == thread and query.message.text == "Go?"
+    assert query.message.reply_markup.inline_keyboard[0][0].callback_data == "k:y"
+    assert await bot.answer_callback_query(query.id, "nope", show_alert=True) is True
+    assert [(a.text, a.show_alert) for a in fake.answers_to(pushed)] == [("nope", True)]
+    with pytest.raises(BadRequest, match="(?i)query is too old"):
+        await bot.answer_callback_query(query.id, "again")
+    with pytest.raises(BadRequest, match="(?i)query is too old"):
+        await bot.answer_callback_query("never-issued")
+
+    # An edit without a keyboard removes it, as Telegram does; a redelivered update keeps its id.
+    await bot.edit_message_text("Go?\n\nYes", chat_id=CHAT, message_id=sent.message_id)
+    assert fake.messages_in(CHAT, thread)[0].reply_markup is None
+    assert await bot.get_updates(offset=update.update_id + 1, timeout=0) == ()  # confirmed
+    fake.redeliver(pushed)
+    (again,) = await bot.get_updates(timeout=0)
+    assert again.update_id == update.update_id and again.callback_query.id == query.id
+    with pytest.raises(ValueError):
+        fake.push_callback_query(CHAT, 9999, "k:y")
+
+
 async def test_flood_limiter(fake: FakeBotApi, bot: Bot) -> None:
     fake.set_flood_limit(3, retry_after=5)
     await bot.create_forum_topic(CHAT, "t")

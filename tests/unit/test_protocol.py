@@ -397,7 +397,7 @@ def test_follower_refuses_unknown_kinds_and_garbage() -> None:
 
 def test_identities() -> None:
     assert follower_identity("b") == {"version": 1, "build": "b", "capabilities": [CAP_DELIVER, CAP_DISPLAY_TITLE]}
-    assert leader_identity("l")["capabilities"] == sorted({CAP_DELIVER, CAP_SEND, CAP_FORMAT, CAP_PHOTO})
+    assert leader_identity("l")["capabilities"] == sorted({CAP_DELIVER, CAP_SEND, CAP_FORMAT, CAP_PHOTO, CAP_BUTTONS})
     assert leader_identity("l", [CAP_FORMAT, CAP_SEND, CAP_SEND])["capabilities"] == [CAP_FORMAT, CAP_SEND]
     assert follower_identity("b", Capabilities.for_follower(["message", "edit"]))["capabilities"] == [
         CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT]

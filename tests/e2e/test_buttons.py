@@ -1,0 +1,215 @@
+"""Inline buttons end to end (issue 12 §4 and §6): a real leader process against the fake Bot API,
+real ``topicbus follow`` processes and a real ``FollowerClient`` program. A yes/no prompt gets Yes
+and No buttons and a press types the answer; the Interrupt button interrupts a printing child and
+ignores strangers; a ``FollowerClient`` sees a press exactly once across a leader SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sqlite3
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.harness import CHAT_ID, OWNER_ID, SECRET, Cluster, Proc
+from tests.fakebotapi import SentMessage
+from topicbus.leader.buttons import ALREADY, INTERRUPTED, SENT, STRANGER
+from topicbus.leader.keyboards import INTERRUPT_LABEL
+
+pytestmark = pytest.mark.e2e
+
+STRANGER_ID = 31337
+DEADLINE = 20.0  # the e2e budget is unlimited: these waits cover process starts on a busy machine
+
+PROMPT_AGENT = textwrap.dedent("""
+    print("agent ready", flush=True)
+    answer = input("Continue? [y/N] ")
+    print("answer=" + answer, flush=True)
+    input()
+""")
+
+# Prints a line every 0.2 s until it gets SIGINT; then says so and exits.
+TICKER = textwrap.dedent("""
+    import signal, sys, time
+    def interrupted(*_):
+        print("interrupted", flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGINT, interrupted)
+    print("agent ready", flush=True)
+    tick = 0
+    while True:
+        tick += 1
+        print(f"tick {tick}", flush=True)
+        time.sleep(0.2)
+""")
+
+LONG_DATA = "deploy:" + "x" * 200  # beyond Telegram's 64 bytes of callback data
+
+# A FollowerClient program: asks with two buttons and records every press and message it gets.
+PICKER = textwrap.dedent(f"""
+    import asyncio, json, os
+    from topicbus import Button, FollowerClient
+
+    async def main():
+        out = open(os.environ["PICKER_OUT"], "a", encoding="utf-8")
+
+        def record(entry):
+            out.write(json.dumps(entry) + "\\n")
+            out.flush()
+
+        async def on_button(press):
+            record({{"button": press.data, "messageId": press.message_id, "deliveryId": press.delivery_id}})
+
+        async def on_delivery(delivery):
+            record({{"text": delivery.text}})
+
+        client = FollowerClient(leader_url=os.environ["TOPICBUS_LEADER_URL"], secret=os.environ["TOPICBUS_BUS_SECRET"],
+                                on_delivery=on_delivery, on_button=on_button, cwd=os.environ["PICKER_CWD"],
+                                name="picker", heartbeat_interval_s=0.2)
+        async with client:
+            await client.wait_registered(timeout=30)
+            await client.send_text("Deploy to production?",
+                                   buttons=[[Button("Deploy", {LONG_DATA!r}), Button("Cancel", "cancel")]])
+            await client.wait_failure()
+
+    asyncio.run(main())
+""")
+
+
+def keyed(cluster: Cluster, thread: int, needle: str) -> SentMessage | None:
+    """The bot's message in ``thread`` that contains ``needle`` and carries a keyboard."""
+    return next((m for m in cluster.fake.messages_in(CHAT_ID, thread)
+                 if m.reply_markup and needle in (m.text or "")), None)
+
+
+def callbacks(message: SentMessage) -> dict[str, str]:
+    assert message.reply_markup is not None
+    return {b["text"]: b["callback_data"] for row in message.reply_markup["inline_keyboard"] for b in row}
+
+
+def press(cluster: Cluster, message: SentMessage, label: str, data: str | None = None,
+          from_id: int = OWNER_ID) -> dict[str, Any]:
+    assert message.message_id is not None
+    return cluster.fake.push_callback_query(CHAT_ID, message.message_id, data or callbacks(message)[label],
+                                            from_id=from_id)
+
+
+async def answer(cluster: Cluster, update: dict[str, Any]) -> tuple[str | None, bool]:
+    found = await cluster.wait_for(lambda: cluster.fake.answers_to(update), DEADLINE, "the answer to a press")
+    return found[0].text, found[0].show_alert
+
+
+async def test_a_yes_no_prompt_gets_buttons_and_an_owners_press_types_the_answer(cluster: Cluster):
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    work = cluster.tmp / "prompt"
+    await cluster.start_follower(work, script=PROMPT_AGENT)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    prompt = await cluster.wait_for(lambda: keyed(cluster, thread, "Continue? [y/N]"), DEADLINE,
+                                    lambda: f"the prompt with buttons: {cluster.texts_in(thread)}")
+    assert list(callbacks(prompt)) == ["Yes", "No"]
+    assert all(len(data.encode()) <= 64 for data in callbacks(prompt).values())
+
+    stranger = press(cluster, prompt, "Yes", from_id=STRANGER_ID)
+    assert await answer(cluster, stranger) == (STRANGER, True)
+    yes = press(cluster, prompt, "Yes")
+    await cluster.wait_text(thread, "answer=y")
+    assert await answer(cluster, yes) == (SENT.format(label="Yes"), False)
+    await cluster.wait_for(lambda: prompt.reply_markup is None, DEADLINE, "the buttons removed")
+    assert prompt.text is not None and prompt.text.endswith("Continue? [y/N]\n\n👉 Yes")
+    assert "answer=n" not in "\n".join(cluster.texts_in(thread))
+
+
+async def test_the_interrupt_button_interrupts_a_printing_child_and_ignores_strangers(cluster: Cluster):
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    work = cluster.tmp / "ticker"
+    follower = await cluster.start_follower(work, script=TICKER)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    live = await cluster.wait_for(lambda: keyed(cluster, thread, "tick"), DEADLINE,
+                                  lambda: f"output with the Interrupt button: {cluster.texts_in(thread)}")
+    assert list(callbacks(live)) == [INTERRUPT_LABEL]
+    data = callbacks(live)[INTERRUPT_LABEL]
+
+    stranger = press(cluster, live, INTERRUPT_LABEL, data, from_id=STRANGER_ID)
+    assert await answer(cluster, stranger) == (STRANGER, True)
+    assert follower.process.returncode is None and "interrupted" not in "\n".join(cluster.texts_in(thread))
+
+    owner = press(cluster, live, INTERRUPT_LABEL, data)
+    assert await answer(cluster, owner) == (INTERRUPTED, False)
+    await cluster.wait_text(thread, "interrupted")
+    assert await follower.wait() == 0
+    # Only the owner's press reached the child: follow was handed exactly one interrupt.
+    assert follower.log().count("follow: control interrupt from the topic") == 1
+
+
+def journaled_presses(db: Path) -> int:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM inbound_journal WHERE json_extract(payload, '$.type') = 'button'"
+                            ).fetchone()[0]
+    except sqlite3.Error:
+        return 0
+    finally:
+        conn.close()
+
+
+def recorded(path: Path) -> list[dict[str, Any]]:
+    try:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+async def test_a_follower_client_sees_a_press_exactly_once_across_a_leader_sigkill(cluster: Cluster):
+    first = await cluster.start_leader()
+    await cluster.wait_polling()
+    out, work = cluster.tmp / "picker.jsonl", cluster.tmp / "picker"
+    work.mkdir()
+    picker = await cluster.spawn_python("picker", PICKER, PICKER_OUT=str(out), PICKER_CWD=str(work),
+                                        TOPICBUS_BUS_SECRET=SECRET)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    question = await cluster.wait_for(lambda: keyed(cluster, thread, "Deploy to production?"), DEADLINE,
+                                      "the question with its buttons")
+    keys = callbacks(question)
+
+    # The owner presses Deploy. The leader journals the press and is killed before Telegram hears
+    # that the update was handled (every getUpdates that would confirm it is cut), so the next
+    # leader is handed the same update again.
+    deploy = press(cluster, question, "Deploy")
+    cluster.fake.drop_next("getUpdates", times=1_000_000,
+                           when=lambda p: isinstance(p.get("offset"), int) and p["offset"] > deploy["update_id"])
+    await cluster.wait_for(lambda: journaled_presses(cluster.db_path) == 1, DEADLINE, "the press journaled")
+    first.kill(signal.SIGKILL)
+    await first.wait()
+    cluster.fake.clear_faults("getUpdates")
+
+    second = await cluster.start_leader()
+    await cluster.wait_polling()
+    await cluster.wait_for(lambda: "by an owner: repeat" in second.log(), DEADLINE,
+                           "the new leader handed the same press again")
+    await cluster.wait_for(lambda: question.reply_markup is None, DEADLINE, "the choice shown")
+    assert question.text == "Deploy to production?\n\n👉 Deploy"
+
+    cancel = press(cluster, question, "Cancel", keys["Cancel"])  # a client that still shows the buttons
+    assert await answer(cluster, cancel) == (ALREADY.format(label="Deploy"), True)
+    # Deliveries keep journal order: once this message is in, any second press would be too.
+    cluster.fake.push_message(CHAT_ID, "after", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_for(lambda: {"text": "after"} in recorded(out), DEADLINE,
+                           lambda: f"the message after the press: {recorded(out)}")
+    presses = [entry for entry in recorded(out) if "button" in entry]
+    assert [(p["button"], p["messageId"]) for p in presses] == [(LONG_DATA, question.message_id)]
+    assert journaled_presses(cluster.db_path) == 1
+    await stop(picker)
+
+
+async def stop(proc: Proc) -> None:
+    proc.kill(signal.SIGTERM)
+    try:
+        await proc.wait(10)
+    except (TimeoutError, asyncio.TimeoutError):
+        proc.kill()
