@@ -3,55 +3,37 @@
 Every outbound Bot API call of a term goes through :class:`OutboundScheduler`:
 
 * the durable outbox (agent output and the leader's notices), topic by topic, planned by
-  :func:`topicbus.core.output.plan` — coalesced messages, growing live messages, files, pings;
-* other calls (topic create/edit/close/reopen/delete, probes, reactions) through :meth:`call`,
-  usually via :class:`ScheduledGateway`, which has the gateway's methods with a priority each.
-
-Inline keyboards (``leader/keyboards``): a follower's buttons go under its message; while an agent
-prints, its silent stream messages, its live message (at each edit) and its output files carry the
-Interrupt button. Both ride on calls that go out anyway; no call is made for a keyboard alone.
+  :func:`topicbus.core.output.plan` — coalesced messages, growing live messages, files, pings — and
+  sent by :class:`~topicbus.leader.output_sender.OutputSender`;
+* other calls (topic create/edit/close/reopen/delete, probes, reactions, button answers) through
+  :meth:`OutboundScheduler.call`, usually via :class:`ScheduledGateway`, which has the gateway's methods
+  with a priority each.
 
 It spends :class:`~topicbus.core.budget.ChatBudget` by priority (control answers and notices, then
 answers to buttons and prompts, then output, then title edits), topics in turn (least recently
 served first), and pauses the whole chat for what ``RetryAfter`` says. Order inside a topic never
 changes. It replaces PTB's ``AIORateLimiter`` (docs/operations.md, "The outbound budget").
-
-Durability: the rows one Telegram message covers are marked sent in one transaction after Telegram
-accepted it; a crash in between repeats at most that one message per topic.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import dataclasses
 import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any
-
-from loguru import logger
 
 from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
 from topicbus.core.budget import BudgetConfig, ChatBudget, Priority
-from topicbus.core.formatting import MAX_CAPTION, Rendered, as_plain, render, split, tail, utf16_len
-from topicbus.core.output import (AsFile, Extend, Idle, NewMessage, OutputConfig, Ping, QueuedItem, Single,
-                                  TopicTurn, Wait, coalescible, fitting, plan)
-from topicbus.leader.keyboards import Keyboards, keys
+from topicbus.core.formatting import Rendered
+from topicbus.core.output import Idle, OutputConfig, Ping, Single, Wait, plan
+from topicbus.leader.keyboards import Keyboards
+from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicKey, TopicOutput
 from topicbus.leader.term import LeaderTerm
-from topicbus.retry import Backoff
-from topicbus.storage.db import AuthorityLost
-from topicbus.storage.keyboards import Keyboard
 from topicbus.storage.outbox import OutboxRepository
 
-TopicKey = tuple[int, int | None]
-HEADS = 256
-FILE_HEADS = 8192
-MAX_BACKOFF_S = 30.0
-GONE_PAUSE_S = 30.0
 CALL_DEADLINE_S = 60.0
 ANSWER_DEADLINE_S = 10.0  # Telegram lets a button press be answered for a few seconds only
 WAKE_DEBOUNCE_S = 0.02
@@ -79,50 +61,26 @@ class _Call:
     seq: int
 
 
-@dataclass
-class _Topic:
-    heads: list[QueuedItem] = field(default_factory=list)
-    items: int = 0
-    units: int = 0
-    turn: TopicTurn = field(default_factory=TopicTurn)
-    paused_until: float = 0.0
-    backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.5, maximum=MAX_BACKOFF_S))
-    served: int = 0
-
-
-@dataclass
-class OutboundStats:
-    messages: int = 0
-    edits: int = 0
-    files: int = 0
-    pings: int = 0
-    units_sent: int = 0  # UTF-16 units of output text that went out
-    failed: int = 0
-
-
 class OutboundScheduler:
     def __init__(self, term: LeaderTerm, gateway: TelegramGateway, options: OutboundOptions,
                  on_topic_gone: Callable[[int, int], Awaitable[object]] | None = None,
                  keyboards: Keyboards | None = None):
         self._term = term
-        self._gateway = gateway
-        self._keyboards = keyboards
-        self._live_keyboards: dict[TopicKey, Keyboard] = {}  # the keyboard on each topic's live message
         self._repo = OutboxRepository(term.db)
         self.options = options
         self.budget = ChatBudget(options.budget)
         self._output = options.output
-        self._on_topic_gone = on_topic_gone
-        self._topics: dict[TopicKey, _Topic] = {}
+        self._sender = OutputSender(term, gateway, self.budget, options.output, wake=self.wake,
+                                    on_topic_gone=on_topic_gone, keyboards=keyboards)
+        self.stats = self._sender.stats
+        self._topics: dict[TopicKey, TopicOutput] = {}
         self._calls: deque[_Call] = deque()
         self._dirty: set[TopicKey] = set()
         self._rescan = True
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._served = itertools.count(1)
-        self._arrived: dict[int, int] = {}  # outbox id -> when this scheduler first saw it (monotonic ms)
         self._seq = itertools.count()
-        self.stats = OutboundStats()
 
     # --- life -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -240,17 +198,12 @@ class OutboundScheduler:
                 self._dirty.add(key)
         dirty, self._dirty = self._dirty, set()
         for key in dirty:
-            topic = self._topics.setdefault(key, _Topic())
-            topic.heads = self._stamped(await self._repo.heads(key[0], key[1], HEADS))
+            topic = self._topics.setdefault(key, TopicOutput())
+            topic.heads = self._sender.stamped(await self._repo.heads(key[0], key[1], HEADS))
             if len(topic.heads) < HEADS:
                 topic.items, topic.units = len(topic.heads), sum(i.units for i in topic.heads)
             else:
                 topic.items, topic.units = await self._count(key)
-
-    def _stamped(self, heads: list[QueuedItem]) -> list[QueuedItem]:
-        """The heads with their arrival on this scheduler's clock (a burst is measured between outputs)."""
-        now_ms = int(time.monotonic() * 1000)
-        return [dataclasses.replace(i, arrived_ms=self._arrived.setdefault(i.id, now_ms)) for i in heads]
 
     async def _count(self, key: TopicKey) -> tuple[int, int]:
         for backlog in await self._repo.topics():
@@ -297,7 +250,7 @@ class OutboundScheduler:
         return topic.served if topic is not None else 0
 
     @staticmethod
-    def _cost(step: Any) -> tuple[Priority, bool]:
+    def _cost(step: Step) -> tuple[Priority, bool]:
         if isinstance(step, Ping):
             return Priority.OUTPUT, True
         items = step.items if hasattr(step, "items") else (step.item,)
@@ -312,16 +265,7 @@ class OutboundScheduler:
             return
         key, topic, step = chosen
         topic.served = next(self._served)
-        if isinstance(step, Ping):
-            await self._ping(key, topic, now)
-        elif isinstance(step, Single):
-            await self._single(key, topic, step.item, now)
-        elif isinstance(step, NewMessage):
-            await self._new_message(key, topic, step, now)
-        elif isinstance(step, Extend):
-            await self._extend(key, topic, step, now)
-        elif isinstance(step, AsFile):
-            await self._as_file(key, topic, step, now)
+        await self._sender.execute(key, topic, step, now)
 
     async def _execute_call(self, call: _Call, now: float) -> None:
         self._calls.remove(call)
@@ -340,236 +284,6 @@ class OutboundScheduler:
                 return
         if not call.future.done():
             call.future.set_result(result)
-
-    async def _send(self, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]],
-                    priority: Priority = Priority.OUTPUT) -> CallResult:
-        """One call; it is counted when its answer came (so the count never runs ahead of Telegram's)."""
-        try:
-            return await coro_fn()
-        finally:
-            self.budget.record(time.monotonic(), spends=spends, priority=priority)
-
-    async def _single(self, key: TopicKey, topic: _Topic, item: QueuedItem, now: float) -> None:
-        payload = (await self._repo.payloads([item.id])).get(item.id, {})
-        chat, thread = key
-        if item.kind == "chatAction":
-            result = await self._send(False, lambda: self._gateway.send_chat_action(chat, thread, payload["action"]),
-                                      item.priority)
-        else:
-            data = base64.b64decode(payload.get("dataBase64", ""), validate=False)
-            caption = render(payload["caption"], None) if payload.get("caption") else None
-            send = self._gateway.send_photo if item.kind == "photo" else self._gateway.send_document
-            result = await self._send(True, lambda: send(chat, thread, payload.get("fileName", "file"), data, caption),
-                                      item.priority)
-            if result.outcome is Outcome.REJECTED and item.kind == "photo":
-                # Telegram would not take it as a photo (size, dimensions): the same bytes as a file.
-                result = await self._send(True, lambda: self._gateway.send_document(
-                    chat, thread, payload.get("fileName", "file"), data, caption), item.priority)
-        if await self._settle(key, topic, (item,), result):
-            if item.kind != "chatAction":
-                topic.turn.stream.live = None
-                self.stats.messages += 1
-
-    async def _texts(self, items: tuple[QueuedItem, ...]) -> tuple[str, dict[int, dict[str, Any]]]:
-        payloads = await self._repo.payloads([i.id for i in items])
-        return "\n".join(payloads.get(i.id, {}).get("text", "") for i in items), payloads
-
-    async def _new_message(self, key: TopicKey, topic: _Topic, step: NewMessage, now: float) -> None:
-        raw, payloads = await self._texts(step.items)
-        head = step.items[0]
-        buttons = payloads.get(head.id, {}).get("buttons") if head.has_buttons else None
-        keyboard = await self._keyboard(key, head.id, step.items[-1].id, buttons, printing=not step.notify)
-        markup = keys(keyboard) if keyboard is not None else None
-        rendered = render(raw, head.fmt)
-        parts = split(rendered) or [Rendered(raw or " ")]
-        result = CallResult(Outcome.OK)
-        message_id: int | None = None
-        for index, part in enumerate(parts):
-            last = index == len(parts) - 1
-            result = await self._send_text(key, part, raw, silent=not step.notify or not last,
-                                           markup=markup if last else None,
-                                           priority=min(i.priority for i in step.items))
-            if result.outcome is not Outcome.OK:
-                break
-            message_id = result.value if isinstance(result.value, int) else None
-        if await self._settle(key, topic, step.items, result, message_id):
-            growable = head.kind == "text" and not head.has_buttons and len(parts) == 1
-            topic.turn.sent_message(int(time.monotonic() * 1000), notify=step.notify, message_id=message_id,
-                                    fmt=head.fmt, raw=raw, units=utf16_len(raw), growable=growable,
-                                    arrived_ms=max(i.arrived_ms for i in step.items))
-            await self._carried(key, keyboard, message_id, live=growable)
-            self.stats.messages += len(parts)
-            if head.kind == "text":
-                self.stats.units_sent += utf16_len(raw)
-
-    async def _keyboard(self, key: TopicKey, head_id: int, last_id: int, buttons: Any, *,
-                        printing: bool) -> Keyboard | None:
-        """The keyboard a new message carries (``leader/keyboards``); None when there is none or it
-        cannot be stored now (the output still goes out)."""
-        if self._keyboards is None:
-            return None
-        try:
-            return await self._keyboards.for_message(key[0], key[1], head_id=head_id, last_id=last_id,
-                                                     buttons=buttons, printing=printing)
-        except AuthorityLost:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a keyboard is never worth holding output back
-            self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
-            return None
-
-    async def _carried(self, key: TopicKey, keyboard: Keyboard | None, message_id: int | None, *,
-                       live: bool) -> None:
-        """A message went out with ``keyboard``: remember its message; the live message's keyboard is
-        kept so that the edits that grow it keep (or drop) the Interrupt button."""
-        if keyboard is not None and self._keyboards is not None:
-            try:
-                keyboard = await self._keyboards.sent(keyboard, message_id)
-            except AuthorityLost:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
-                self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
-        if live and keyboard is not None:
-            self._live_keyboards[key] = keyboard
-        else:
-            self._live_keyboards.pop(key, None)
-
-    async def _send_text(self, key: TopicKey, message: Rendered, raw: str, *, silent: bool,
-                         markup: Any = None, priority: Priority = Priority.OUTPUT) -> CallResult:
-        chat, thread = key
-        result = await self._send(True, lambda: self._gateway.send_message(chat, thread, message, silent=silent,
-                                                                            buttons=markup), priority)
-        if result.outcome is Outcome.REJECTED and message.parse_mode and "parse" in result.message.lower():
-            # HTML Telegram cannot parse: the source as plain text, once.
-            result = await self._send(True, lambda: self._gateway.send_message(chat, thread, as_plain(raw),
-                                                                                silent=silent, buttons=markup),
-                                      priority)
-        return result
-
-    async def _extend(self, key: TopicKey, topic: _Topic, step: Extend, now: float) -> None:
-        live = topic.turn.stream.live
-        assert live is not None
-        added, _ = await self._texts(step.items)
-        raw = f"{live.raw}\n{added}"
-        rendered = render(raw, live.fmt)
-        if rendered.length > self._output.max_message:
-            topic.turn.stream.live = None  # no room after rendering: the next turn starts a new message
-            return
-        chat = key[0]
-        keyboard = await self._growing_keyboard(key, live.message_id, step.items[-1].id)
-        markup = keys(keyboard) if keyboard is not None else None
-        result = await self._send(True, lambda: self._gateway.edit_message(chat, live.message_id, rendered,
-                                                                            buttons=markup))
-        if result.outcome is Outcome.REJECTED and "parse" not in result.message.lower():
-            topic.turn.stream.live = None  # the message cannot be edited (deleted, too old): start anew
-            self._live_keyboards.pop(key, None)
-            return
-        if await self._settle(key, topic, step.items, result, live.message_id):
-            topic.turn.extended(int(time.monotonic() * 1000), raw, utf16_len(raw),
-                                arrived_ms=max(i.arrived_ms for i in step.items))
-            await self._carried(key, keyboard, live.message_id, live=True)
-            self.stats.edits += 1
-            self.stats.units_sent += utf16_len(added)
-
-    async def _growing_keyboard(self, key: TopicKey, message_id: int, last_id: int) -> Keyboard | None:
-        """The keyboard of the live message at an edit that grows it (the agent is printing): its
-        Interrupt button while the registration that printed it is still registered, a new one for the
-        newest output's process otherwise. Telegram drops a keyboard the edit does not repeat."""
-        if self._keyboards is None:
-            return None
-        current = self._live_keyboards.get(key)
-        if current is not None and current.message_id == message_id and self._keyboards.still_interruptible(current):
-            return current
-        return await self._keyboard(key, last_id, last_id, None, printing=True)
-
-    async def _as_file(self, key: TopicKey, topic: _Topic, step: AsFile, now: float) -> None:
-        items = step.items
-        if len(items) == len(topic.heads) == HEADS:  # the run may go on beyond the heads read so far
-            more = self._stamped(await self._repo.heads(key[0], key[1], FILE_HEADS))
-            items = tuple(fitting(coalescible(more), self._output.max_file_units)) or items
-        raw, _ = await self._texts(items)
-        stamp = datetime.now(UTC).strftime("%H%M%S")
-        preview = tail(raw, MAX_CAPTION - 2)
-        caption = render(preview, "pre")
-        chat, thread = key
-        keyboard = await self._keyboard(key, items[0].id, items[-1].id, None, printing=True)
-        markup = keys(keyboard) if keyboard is not None else None
-        result = await self._send(True, lambda: self._gateway.send_document(
-            chat, thread, f"output-{stamp}.txt", raw.encode("utf-8", "surrogatepass"), caption, silent=True,
-            buttons=markup))
-        message_id = result.value if isinstance(result.value, int) else None
-        if await self._settle(key, topic, items, result, message_id):
-            topic.turn.sent_message(int(time.monotonic() * 1000), notify=False, message_id=message_id,
-                                    fmt=items[0].fmt, raw=raw, units=utf16_len(raw), growable=False,
-                                    arrived_ms=max(i.arrived_ms for i in items))
-            await self._carried(key, keyboard, message_id, live=False)
-            self.stats.files += 1
-            self.stats.units_sent += utf16_len(raw)
-
-    async def _ping(self, key: TopicKey, topic: _Topic, now: float) -> None:
-        text = topic.turn.ping_text()
-        result = await self._send(True, lambda: self._gateway.send_message(key[0], key[1], Rendered(text)))
-        if result.outcome is Outcome.RETRY_AFTER:
-            self.budget.pause(time.monotonic(), result.retry_after_s)
-            return
-        topic.turn.pinged(int(time.monotonic() * 1000))  # a failed ping is not retried: it carries no output
-        self._live_keyboards.pop(key, None)
-        if result.ok:
-            self.stats.pings += 1
-
-    # --- outcomes -----------------------------------------------------------------------------------
-    async def _settle(self, key: TopicKey, topic: _Topic, items: tuple[QueuedItem, ...], result: CallResult,
-                      message_id: int | None = None) -> bool:
-        """Record a call's outcome for the rows it covered; True when they went out."""
-        authority = self._term.authority()
-        ids = [i.id for i in items]
-        if result.ok:
-            await self._repo.mark_sent(ids, self._term.now_ms(), message_id, authority)
-            for item_id in ids:
-                self._arrived.pop(item_id, None)
-            topic.backoff.reset()
-            self.wake(*key)
-            return True
-        chat, thread = key
-        if result.outcome is Outcome.RETRY_AFTER:
-            self.budget.pause(time.monotonic(), result.retry_after_s)
-            self._term.events.record("Telegram flood control; the chat is paused", phase="outbox-retry-after",
-                                     level="WARNING", chatId=chat, threadId=thread, retryAfterS=result.retry_after_s)
-            await self._repo.note_attempt(ids[0], f"retry-after {result.retry_after_s}s", authority)
-        elif result.outcome is Outcome.AMBIGUOUS:
-            topic.paused_until = time.monotonic() + topic.backoff.next()
-            await self._repo.note_attempt(ids[0], f"ambiguous: {result.message}", authority)
-        elif result.outcome is Outcome.GONE and thread is not None:
-            topic.paused_until = time.monotonic() + GONE_PAUSE_S
-            await self._repo.note_attempt(ids[0], "topic gone", authority)
-            if self._on_topic_gone is not None:
-                await self._on_topic_gone(chat, thread)
-            if failed := await self._repo.fail_unbound(chat, thread, "topic gone", authority):
-                self.stats.failed += failed
-                self._term.events.record("Topic is gone; output no binding can take elsewhere dropped",
-                                         phase="outbox-topic-gone", level="WARNING", chatId=chat, threadId=thread,
-                                         items=failed)
-                self.wake(*key)
-        elif thread is not None and "topic_closed" in result.message.lower():
-            await self._reopen(key, topic, ids[0])
-        else:
-            await self._repo.mark_failed(ids[0], f"{result.outcome}: {result.message}", authority)
-            self._arrived.pop(ids[0], None)
-            self.stats.failed += 1
-            self._term.events.record("Telegram rejected output", phase="outbox-rejected", level="WARNING",
-                                     chatId=chat, threadId=thread, error=result.message)
-            self.wake(*key)
-        return False
-
-    async def _reopen(self, key: TopicKey, topic: _Topic, item_id: int) -> None:
-        """A send into a closed topic: reopen it, then the same output is sent again (never dropped)."""
-        chat, thread = key
-        assert thread is not None
-        self._term.events.record("Topic was closed; reopening it before sending", phase="topic-reopen",
-                                 chatId=chat, threadId=thread)
-        result = await self._send(True, lambda: self._gateway.reopen_topic(chat, thread), Priority.ANSWER)
-        await self._repo.note_attempt(item_id, f"topic closed; reopen: {result.outcome}", self._term.authority())
-        if not result.ok:
-            topic.paused_until = time.monotonic() + topic.backoff.next()
 
 
 class ScheduledGateway:
