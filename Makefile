@@ -17,8 +17,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 run: $(STAMP)
 	PTB_TIMEDELTA=true $(BIN)/topicbus leader
 
+# Three workers (pytest-xdist): the suite mostly waits on real processes, sockets and timers, so three
+# share two cores well; worksteal keeps the long end-to-end tests from piling up on one worker.
 test: $(STAMP)
-	PTB_TIMEDELTA=true $(BIN)/python -m pytest -q
+	PTB_TIMEDELTA=true $(BIN)/python -m pytest -q -n 3 --dist worksteal
 
 bench: $(STAMP)
 	PTB_TIMEDELTA=true $(BIN)/python -m bench
