@@ -225,6 +225,14 @@ async def run_follow(
         text = batch.strip("\n")
         if not text.strip():
             return
+        if not client.registered and client.failure is None:
+            # Output printed before the first registration (a prompt at start) is shaped with what
+            # the leader accepts (monospace, Yes/No buttons), not as plain text: wait for the answer.
+            # The send would wait for the leader anyway; a terminal failure is raised by the send.
+            try:
+                await client.wait_registered()
+            except FollowerError:
+                pass
         caps = client.leader_capabilities
         fmt = text_format if CAP_FORMAT in caps else None
         buttons = yes_no_buttons(text) if last and CAP_BUTTONS in caps else None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from topicbus.protocol import CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, LEADER_V1_CAPABILITIES
+from topicbus.protocol import CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, LEADER_CAPABILITIES, LEADER_V1_CAPABILITIES
 from tests.fakeleader import FakeLeader
 from tests.support.waiting import wait_until
 
@@ -49,7 +49,7 @@ async def follow(leader: FakeLeader, tmp_path: Path):
     started: list[Follow] = []
 
     async def start(*args: str, script: str | None = None, env: dict[str, str] | None = None,
-                    secret_in_env: bool = True) -> Follow:
+                    secret_in_env: bool = True, registered: bool = True) -> Follow:
         command = [sys.executable, "-c", textwrap.dedent(script)] if script is not None else []
         environ = {k: v for k, v in os.environ.items() if not k.startswith("TOPICBUS_") and k != "PYTHONUNBUFFERED"}
         environ.update(TOPICBUS_LEADER_URL=leader.url, TOPICBUS_HEARTBEAT_INTERVAL_MS="100",
@@ -65,8 +65,9 @@ async def follow(leader: FakeLeader, tmp_path: Path):
                 start_new_session=True)
         proc = Follow(process, log)
         started.append(proc)
-        await wait_until(lambda: leader.registered_now or process.returncode is not None, timeout=START_S,
-                         message=lambda: f"registration; follow's log: {proc.text()[-2000:]}")
+        if registered:
+            await wait_until(lambda: leader.registered_now or process.returncode is not None, timeout=START_S,
+                             message=lambda: f"registration; follow's log: {proc.text()[-2000:]}")
         return proc
 
     yield start
@@ -246,6 +247,38 @@ async def test_a_yes_no_prompt_gets_buttons_and_a_press_types_the_answer(leader:
     prompt = next(m for m in leader.outbox_items if m.get("buttons"))
     assert prompt["text"].endswith("Delete everything? [y/N]")
     assert prompt["buttons"] == [[{"text": "Yes", "data": "y"}, {"text": "No", "data": "n"}]]
+    await leader.button("y")
+    assert await proc.wait() == 0
+    assert "answer=y" in joined(leader)
+
+
+async def test_a_prompt_printed_before_the_leader_answers_still_gets_buttons(leader: FakeLeader, follow,
+                                                                             tmp_path: Path) -> None:
+    # The child asks at once, while the leader is not reachable yet: the batch is ready before any
+    # registration, and must still be shaped with what the leader accepts once it answers.
+    printed = tmp_path / "printed"
+    script = f"""
+        import pathlib
+        print("Overwrite config.yaml? [y/N] ", end="", flush=True)
+        pathlib.Path({str(printed)!r}).touch()
+        print("answer=" + input(), flush=True)
+    """
+    leader.capabilities = LEADER_CAPABILITIES  # buttons and formats (terminal output is monospace)
+    leader.unavailable = True
+    proc = await follow(script=script, registered=False)
+    await wait_until(printed.exists, timeout=START_S, message=lambda: f"the prompt printed: {proc.text()[-2000:]}")
+    refused = leader.rejected_upgrades
+    # Two more refused connection attempts (the client backs off between them) span well over the
+    # output's quiet period: the prompt's batch has been formed while nothing was registered.
+    await wait_until(lambda: leader.rejected_upgrades >= refused + 2, timeout=START_S,
+                     message="two more refused connection attempts")
+    assert not leader.registered_now and not leader.outbox_items
+    leader.unavailable = False
+    await wait_until(lambda: leader.outbox_items, timeout=START_S, message="the prompt sent")
+    prompt = leader.outbox_items[0]
+    assert prompt["text"] == "Overwrite config.yaml? [y/N]"
+    assert prompt["buttons"] == [[{"text": "Yes", "data": "y"}, {"text": "No", "data": "n"}]]
+    assert prompt.get("format") == "pre"
     await leader.button("y")
     assert await proc.wait() == 0
     assert "answer=y" in joined(leader)
