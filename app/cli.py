@@ -60,6 +60,18 @@ def _pty_size(value: str) -> tuple[int, int]:
     return int(columns), int(rows)
 
 
+def _add_credentials(command: argparse.ArgumentParser, trusted_for: str) -> None:
+    """The bus secret (a file or the environment preferred) and the CA to trust, for commands that talk to
+    the leader."""
+    command.add_argument("--secret-file", metavar="PATH",
+                         help=f"read the bus secret from PATH (default: {ENV_PREFIX}BUS_SECRET)")
+    command.add_argument("--secret", metavar="S", help="the bus secret itself; visible to every user in `ps`, "
+                                                       "prefer --secret-file or the environment")
+    command.add_argument("--ca-file", metavar="PATH",
+                         help=f"CA bundle or self-signed certificate to trust for {trusted_for} "
+                              f"(default: {ENV_PREFIX}BUS_CA_FILE)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="topicbus", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,13 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=FOLLOW_DESCRIPTION, epilog=FOLLOW_EPILOG)
     follow.add_argument("--leader", metavar="URL", help=f"bus URL (default: {ENV_PREFIX}LEADER_URL)")
-    follow.add_argument("--secret-file", metavar="PATH",
-                        help=f"read the bus secret from PATH (default: {ENV_PREFIX}BUS_SECRET)")
-    follow.add_argument("--secret", metavar="S", help="the bus secret itself; visible to every user in `ps`, "
-                                                      "prefer --secret-file or the environment")
-    follow.add_argument("--ca-file", metavar="PATH",
-                        help=f"CA bundle or self-signed certificate to trust for a wss:// leader "
-                             f"(default: {ENV_PREFIX}BUS_CA_FILE)")
+    _add_credentials(follow, "a wss:// leader")
     follow.add_argument("--cwd", metavar="DIR", help="workspace directory (default: the current directory); "
                                                      "also CMD's working directory")
     follow.add_argument("--name", metavar="NAME", help="display name; tells agents in one directory apart")
@@ -106,13 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument("--url", metavar="URL", help="status URL (default: http://BUS_HOST:BUS_PORT/v1/status, "
                                                      "https:// with TOPICBUS_BUS_TLS_CERT)")
-    status.add_argument("--secret-file", metavar="PATH",
-                        help=f"read the bus secret from PATH (default: {ENV_PREFIX}BUS_SECRET)")
-    status.add_argument("--secret", metavar="S", help="the bus secret itself; visible to every user in `ps`, "
-                                                      "prefer --secret-file or the environment")
-    status.add_argument("--ca-file", metavar="PATH",
-                        help=f"CA bundle or self-signed certificate to trust for https:// "
-                             f"(default: {ENV_PREFIX}BUS_CA_FILE)")
+    _add_credentials(status, "https://")
     return parser
 
 

@@ -199,6 +199,17 @@ class BusConnection:
             raise _ConnectionLost()
         return reply
 
+    async def _answer_or_none(self, conn: _Conn, frame: dict[str, Any], what: str) -> Ack | None:
+        """:meth:`_request` for the connection loop: None when the connection is lost or the leader
+        did not answer in time (said once, as ``what``); the caller then reconnects."""
+        try:
+            return await self._request(conn, frame)
+        except _ConnectionLost:
+            return None
+        except TimeoutError:
+            logger.warning("follower: {} not acknowledged in time; reconnecting", what)
+            return None
+
     async def _disconnect(self, conn: _Conn) -> None:
         frame = disconnect_frame(self._next_request_id(), self._instance_id, conn.generation)
         try:
@@ -297,12 +308,8 @@ class BusConnection:
                 process_birth_id=self._birth_id, host_id=self._host_id, cwd=self._cwd,
                 session_id=self._session_id, name=self._name, thread_name=self._thread_name,
             )
-            try:
-                reply = await self._request(conn, frame)
-            except _ConnectionLost:
-                return False
-            except TimeoutError:
-                logger.warning("follower: registration not acknowledged in time; reconnecting")
+            reply = await self._answer_or_none(conn, frame, "registration")
+            if reply is None:
                 return False
             result = reply.result_as(RegistrationResult) if reply.ok else None
             if result is not None:
@@ -355,12 +362,8 @@ class BusConnection:
                 self._notify()
                 return True
             frame = heartbeat_frame(self._next_request_id(), self._instance_id, conn.generation)
-            try:
-                reply = await self._request(conn, frame)
-            except _ConnectionLost:
-                return False
-            except TimeoutError:
-                logger.warning("follower: heartbeat not acknowledged in time; reconnecting")
+            reply = await self._answer_or_none(conn, frame, "heartbeat")
+            if reply is None:
                 return False
             if reply.ok:
                 result = reply.result_as(HeartbeatResult)
