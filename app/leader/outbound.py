@@ -123,7 +123,7 @@ class OutboundScheduler:
         topic = self._topics.get((chat_id, thread_id))
         if topic is not None:
             topic.turn.owner_spoke()
-            self.wake(chat_id, thread_id)
+            self._wake.set()  # plan again; the outbox did not change, so nothing is read again
 
     def backlog(self) -> dict[TopicKey, tuple[int, int]]:
         """(items, UTF-16 units) waiting per topic, as last read."""
@@ -188,7 +188,8 @@ class OutboundScheduler:
                     await self._wake.wait()
             except TimeoutError:
                 continue
-            await asyncio.sleep(WAKE_DEBOUNCE_S)  # let a burst of sends land before planning
+            if not self._calls:  # a call (a topic to create, a press to answer) goes at once
+                await asyncio.sleep(WAKE_DEBOUNCE_S)  # output: let a burst of sends land before planning
 
     async def _refresh(self) -> None:
         if self._rescan:
