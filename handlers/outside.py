@@ -6,7 +6,7 @@ from __future__ import annotations
 from telegram import Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
-from topicbus.handlers.filters import InThread, owner_messages
+from topicbus.handlers.filters import NOT_STATUS_UPDATE, InThread, owner_messages
 from topicbus.leader.notices import Notices
 from topicbus.leader.topics import ControlTopic
 
@@ -21,5 +21,5 @@ def register(app: Application, *, notices: Notices, control: ControlTopic, chat_
         await notices.hint_outside(message.chat_id, message.message_thread_id if message.is_topic_message else None)
 
     app.add_handler(MessageHandler(
-        owner_messages(chat_id, owner_ids) & filters.UpdateType.MESSAGE & ~filters.StatusUpdate.ALL
+        owner_messages(chat_id, owner_ids) & filters.UpdateType.MESSAGE & NOT_STATUS_UPDATE
         & ~InThread(lambda: control.thread_id), hint), group=2)

@@ -21,7 +21,7 @@ from typing import Any
 from telegram import Message, Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
-from topicbus.handlers.filters import InThread, owner_messages
+from topicbus.handlers.filters import NOT_STATUS_UPDATE, InThread, owner_messages
 from topicbus.leader.agent_commands import parse_reserved
 from topicbus.leader.inbound import edit_item, is_too_large, media_item
 from topicbus.leader.routing import Router
@@ -149,6 +149,6 @@ def register(app: Application, *, router: Router, control: ControlTopic, chat_id
         await router.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload)
 
     where = (owner_messages(chat_id, owner_ids) & filters.IS_TOPIC_MESSAGE & ~InThread(lambda: control.thread_id)
-             & ~filters.StatusUpdate.ALL)
+             & NOT_STATUS_UPDATE)
     app.add_handler(MessageHandler(where & filters.UpdateType.MESSAGE, route), group=1)
     app.add_handler(MessageHandler(where & filters.UpdateType.EDITED_MESSAGE, edited), group=1)

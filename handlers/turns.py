@@ -11,14 +11,14 @@ from __future__ import annotations
 from telegram import Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
-from topicbus.handlers.filters import owner_messages
+from topicbus.handlers.filters import NOT_STATUS_UPDATE, owner_messages
 from topicbus.leader.outbound import OutboundScheduler
 
 GROUP = -1  # before routing and commands, which go on regardless
 
 
 def register(app: Application, *, outbound: OutboundScheduler, chat_id: int, owner_ids: frozenset[int]) -> None:
-    where = owner_messages(chat_id, owner_ids) & filters.UpdateType.MESSAGE & ~filters.StatusUpdate.ALL
+    where = owner_messages(chat_id, owner_ids) & filters.UpdateType.MESSAGE & NOT_STATUS_UPDATE
 
     async def spoke(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.effective_message

@@ -35,3 +35,20 @@ def test_composed_with_owner_filter():
     assert composed.check_update(_update(7))
     assert not composed.check_update(_update(5))
     assert not composed.check_update(_update(7, from_id=OWNER + 1))
+
+
+def test_not_status_update_answers_as_ptbs_filter_for_each_update_even_with_the_same_id():
+    from telegram.ext import filters
+
+    from topicbus.handlers.filters import NOT_STATUS_UPDATE
+
+    chat = {"id": CHAT, "type": "supergroup", "is_forum": True}
+    sender = {"id": OWNER, "is_bot": False, "first_name": "o"}
+    text = Update.de_json({"update_id": 7, "message": {"message_id": 1, "date": 0, "chat": chat, "from": sender,
+                                                       "text": "hi"}}, None)
+    created = Update.de_json({"update_id": 7, "message": {"message_id": 2, "date": 0, "chat": chat, "from": sender,
+                                                          "forum_topic_created": {"name": "B",
+                                                                                  "icon_color": 7322096}}}, None)
+    for update in (text, text, created, created, text):  # the same update_id, other content: asked afresh
+        assert NOT_STATUS_UPDATE.check_update(update) == (not filters.StatusUpdate.ALL.check_update(update))
+    assert NOT_STATUS_UPDATE.check_update(text) and not NOT_STATUS_UPDATE.check_update(created)
