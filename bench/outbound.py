@@ -12,6 +12,11 @@ fake answers 429 once 20 sends fell inside its sliding window. Reported: deliver
 429s, whether every message arrived exactly once and in order, and the smallest gap between a 429
 and the leader's next sendMessage to that chat (it must be ≥ retry_after). The full run keeps the
 fake's real 60 s window; ``--quick`` shrinks the window to 6 s so the check fits in a few seconds.
+
+Output shaping is off here (``SHAPING_OFF``: every ``follower.send`` its own message, as the first
+release posted them), so that these figures measure the pipeline's capacity and its handling of 429s
+with the same meaning as before. What shaping does under Telegram's real budget (coalescing, files,
+growing messages) is benchmark 7, ``bench/budget.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import time
 from bench.common import CHAT_ID, BenchFakeBotApi, BenchFollower, Context, close_followers, fmt, say, start_followers
 
 TELEGRAM_BOT_LIMIT = 30.0  # messages/s Telegram allows one bot overall: the leader must not be the bottleneck
+SHAPING_OFF = {"TOPICBUS_OUTPUT_COALESCE": "false", "TOPICBUS_OUTPUT_FILE_THRESHOLD": "0",
+               "TOPICBUS_LIVE_MESSAGE_S": "0"}
 
 
 async def _sender(f: BenchFollower, tag: str, count: int, acks: list[float]) -> None:
@@ -106,7 +113,7 @@ async def _flood(fake: BenchFakeBotApi, follower: BenchFollower, count: int, win
 async def run(ctx: Context) -> None:
     k = 5
     per_follower = 60 if ctx.quick else 200
-    async with BenchFakeBotApi() as fake, ctx.leader(fake, "outbound") as leader:
+    async with BenchFakeBotApi() as fake, ctx.leader(fake, "outbound", env=SHAPING_OFF) as leader:
         followers = await start_followers(leader, ctx.workdir / "outbound", k)
         try:
             # warm-up: one message each
