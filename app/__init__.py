@@ -21,6 +21,7 @@ __all__ = [
     "Control",
     "Delivery",
     "DeliveryDeclined",
+    "Edit",
     "FollowerClient",
     "FollowerClosed",
     "FollowerError",
@@ -32,7 +33,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from topicbus.follower.client import (Assignment, Button, ButtonPress, Control, Delivery, DeliveryDeclined,
-                                          FollowerClient, FollowerClosed, FollowerError, FollowerRefused,
+                                          Edit, FollowerClient, FollowerClosed, FollowerError, FollowerRefused,
                                           FollowerSendError, FollowerSuperseded)
 
 

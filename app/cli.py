@@ -31,10 +31,12 @@ see README.md and .env.example for the full list."""
 FOLLOW_DESCRIPTION = """\
 Start CMD as a child process and attach it to the leader as one follower (its own topic).
 
-Each owner message is typed into CMD: its lines, then a newline. CMD's output is posted to the
-topic, monospace, without colour codes, with carriage-return progress bars and backspace spinners
-shown in their final state; stderr lines are marked with ⚠. Output that ends at a yes/no prompt
-([y/N], [Y/n], (yes/no)) gets Yes/No buttons; a press types the answer.
+Each owner message is typed into CMD: its lines, then a newline. A file (a document, photo, voice
+note, audio, video, each file of an album) is saved under .topicbus/inbox and typed as
+"[<kind> <path>]". CMD's output is posted to the topic, monospace, without colour codes, with
+carriage-return progress bars and backspace spinners shown in their final state; stderr lines
+are marked with ⚠. Output that ends at a yes/no prompt ([y/N], [Y/n], (yes/no)) gets Yes/No
+buttons; a press types the answer.
 
 In the topic: /interrupt (Ctrl-C), /kill (SIGTERM, then SIGKILL after 5 s), /eof (end of input),
 //text (types /text). Here: Ctrl-C goes to CMD; a second Ctrl-C within 2 s stops CMD and follow.
@@ -103,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "unmarked (merge), or left on this terminal (inherit). Not with --pty")
     follow.add_argument("--format", dest="text_format", choices=("pre", "plain", "markdown"), default="pre",
                         help="how output is shown: monospace (pre, the default), plain text or Markdown")
+    follow.add_argument("--context", action="store_true",
+                        help="also type what a message replied to ([reply to …] before it) and owners' edits "
+                             "([edit] <new text>); off by default, since a shell or REPL would run those lines")
     follow.add_argument("--end-blocks", action="store_true",
                         help="type an empty line after each multi-line message and one-line compound statement "
                              "(ends a block in Python's REPL)")
@@ -222,7 +227,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
                                   name=args.name, session=args.session,
                                   heartbeat_interval_s=settings.heartbeat_interval_ms / 1000,
                                   stderr=args.stderr, pty=args.pty, pty_size=args.pty_size,
-                                  text_format=args.text_format, end_blocks=args.end_blocks, ca_file=ca_file))
+                                  text_format=args.text_format, end_blocks=args.end_blocks, context=args.context,
+                                  ca_file=ca_file))
 
 
 def _secret(args: argparse.Namespace, settings: Settings, command: str) -> str:

@@ -28,11 +28,13 @@ from topicbus.protocol import (
     ButtonItem,
     Capabilities,
     ControlItem,
+    EditItem,
     LEADER_V1_CAPABILITIES,
     MAX_FRAME_BYTES,
     FollowerRequest,
     HeartbeatResult,
     Kind,
+    MediaItem,
     ProtocolError,
     Registration,
     RegistrationResult,
@@ -177,6 +179,18 @@ class FakeLeader:
     async def button(self, data: str, *, message_id: int = 19, delivery_id: str | None = None) -> str:
         """Push a ``button`` delivery: an owner pressed the button carrying ``data``."""
         item = ButtonItem.model_validate({"type": "button", "data": data, "messageId": message_id, "fromUserId": 1})
+        return await self._push_item(item.model_dump(by_alias=True), delivery_id)
+
+    async def media(self, files: list[dict[str, Any]], *, caption: str | None = None,
+                    reply: dict[str, Any] | None = None, delivery_id: str | None = None) -> str:
+        """Push a ``media`` delivery (media-v1): voice, audio, an album… as one item."""
+        item = MediaItem.model_validate({"type": "media", "files": files, "caption": caption, "messageId": 21,
+                                         "fromUserId": 1, "fromName": "Ada", "date": 1764474000, "reply": reply})
+        return await self._push_item(item.model_dump(by_alias=True), delivery_id)
+
+    async def edit(self, message_id: int, text: str, *, delivery_id: str | None = None) -> str:
+        """Push an ``edit`` delivery (edit-v1): an owner edited message ``message_id``."""
+        item = EditItem.model_validate({"type": "edit", "messageId": message_id, "text": text})
         return await self._push_item(item.model_dump(by_alias=True), delivery_id)
 
     def follower_capabilities(self) -> Capabilities:

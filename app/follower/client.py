@@ -21,10 +21,12 @@ Terminal outcomes, after which the client does not reconnect: :class:`FollowerSu
 registration took this identity over) and :class:`FollowerRefused` (wrong secret, incompatible
 protocol). The secret is never logged.
 
-Deliveries: ``message`` items go to ``on_delivery``; ``control`` items (control-v1: ``/interrupt``,
+Deliveries: ``message`` items go to ``on_delivery`` (with ``media=True`` also ``media`` items,
+media-v1: voice, audio, video, albums as one delivery with all their files); ``edit`` items (edit-v1)
+to ``on_edit``; ``control`` items (control-v1: ``/interrupt``,
 ``/kill``, ``/eof``) to ``on_control`` and ``button`` items (button-v1: an owner pressed one of this
-follower's inline buttons) to ``on_button``. The client advertises ``control-v1`` / ``button-v1``
-only when the matching callback is given. Controls run on their own worker, so an ``/interrupt``
+follower's inline buttons) to ``on_button``. The client advertises ``control-v1`` / ``button-v1`` /
+``edit-v1`` only when the matching callback is given, and ``media-v1`` only with ``media=True``. Controls run on their own worker, so an ``/interrupt``
 never waits behind a message; messages and button presses keep their order. A callback that raises
 :class:`DeliveryDeclined` leaves the item unacknowledged (the leader keeps it), quietly.
 
@@ -58,6 +60,7 @@ from topicbus.follower.model import (
     Control,
     Delivery,
     DeliveryDeclined,
+    Edit,
     FollowerClosed,
     FollowerError,
     FollowerRefused,
@@ -91,6 +94,7 @@ __all__ = [
     "Control",
     "Delivery",
     "DeliveryDeclined",
+    "Edit",
     "FollowerClient",
     "FollowerClosed",
     "FollowerError",
@@ -128,6 +132,8 @@ class FollowerClient(BusConnection):
         on_delivery: Callable[[Delivery], Awaitable[None]] | None = None,
         on_control: Callable[[Control], Awaitable[None]] | None = None,
         on_button: Callable[[ButtonPress], Awaitable[None]] | None = None,
+        on_edit: Callable[[Edit], Awaitable[None]] | None = None,
+        media: bool = False,
         cwd: str | None = None,
         session_id: str | None = None,
         name: str | None = None,
@@ -149,6 +155,10 @@ class FollowerClient(BusConnection):
             receives.append("control")
         if on_button is not None:
             receives.append("button")
+        if on_edit is not None:
+            receives.append("edit")
+        if media:
+            receives.append("media")
         super().__init__(
             leader_url=leader_url, secret=secret, capabilities=Capabilities.for_follower(receives), cwd=cwd,
             session_id=session_id, name=name, thread_name=thread_name,
@@ -164,7 +174,8 @@ class FollowerClient(BusConnection):
         self._send_lock = asyncio.Lock()
         self._backlog_wait_s = backlog_wait_s  # how long a send waits out backlog-full before raising
         self._receiver = Receiver(on_delivery=on_delivery, on_control=on_control, on_button=on_button,
-                                  receipt=self._receipt, stopping=lambda: self._stopping)
+                                  on_edit=on_edit, media=media, receipt=self._receipt,
+                                  stopping=lambda: self._stopping)
         self._main_task: asyncio.Task[None] | None = None
         self._receiver_tasks: list[asyncio.Task[None]] = []
 

@@ -38,12 +38,14 @@ from loguru import logger
 from topicbus.follower.capture import OutputCapture
 from topicbus.follower.child import StdinClosed, StdinStalled, StdinWriter, spawn
 from topicbus.follower.client import FollowerClient
-from topicbus.follower.inputs import INBOX_DIR, delivery_input, delivery_text, save_document
+from topicbus.follower.inputs import (INBOX_DIR, context_line, delivery_input, delivery_text, edit_text,
+                                      save_document, save_files)
 from topicbus.follower.model import (
     ButtonPress,
     Control,
     Delivery,
     DeliveryDeclined,
+    Edit,
     FollowerError,
     FollowerSendError,
     FollowerSuperseded,
@@ -121,6 +123,7 @@ async def run_follow(
     pty_size: tuple[int, int] = (80, 24),
     text_format: str = "pre",
     end_blocks: bool = False,
+    context: bool = False,
     stdin_timeout_s: float = 30.0,
     handoff_timeout_s: float = 60.0,
     snapshot_interval_s: float = 3.0,
@@ -189,12 +192,21 @@ async def run_follow(
     async def on_delivery(delivery: Delivery) -> None:
         if writer.gone:
             raise DeliveryDeclined("the child's stdin is closed")
-        saved = await save_document(client, delivery, inbox) if delivery.document else None
-        text = delivery_text(delivery, saved)
+        if delivery.files is not None:  # voice, audio, video, an album: a line per file
+            text = delivery_text(delivery, saved_files=await save_files(client, delivery, inbox))
+        else:
+            saved = await save_document(client, delivery, inbox) if delivery.document else None
+            text = delivery_text(delivery, saved)
         if text is None:
             logger.info("follow: delivery {} carries no text; nothing written", delivery.delivery_id)
             return
-        await type_input(text)
+        replied = context_line(delivery) if context else None
+        await type_input(f"{replied}\n{text}" if replied else text)
+
+    async def on_edit(edit: Edit) -> None:  # only with --context: the client asks for edits then
+        if writer.gone:
+            raise DeliveryDeclined("the child's stdin is closed")
+        await type_input(edit_text(edit))
 
     async def on_button(press: ButtonPress) -> None:
         logger.info("follow: button pressed; typing its answer")
@@ -211,7 +223,7 @@ async def run_follow(
 
     client = FollowerClient(
         leader_url=leader_url, secret=secret, on_delivery=on_delivery, on_control=on_control,
-        on_button=on_button, cwd=workdir, session_id=session, name=name, pid=child.pid,
+        on_button=on_button, on_edit=on_edit if context else None, media=True, cwd=workdir, session_id=session, name=name, pid=child.pid,
         heartbeat_interval_s=heartbeat_interval_s, ca_file=ca_file,
     )
 

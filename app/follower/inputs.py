@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import mimetypes
 import os
 import re
 
 from loguru import logger
 
 from topicbus.follower.client import FollowerClient
-from topicbus.follower.model import Delivery
+from topicbus.follower.model import Delivery, Edit
 
-__all__ = ["INBOX_DIR", "delivery_input", "delivery_text", "save_document"]
+__all__ = ["INBOX_DIR", "context_line", "delivery_input", "delivery_text", "edit_text", "save_document",
+           "save_files"]
 
 INBOX_DIR = os.path.join(".topicbus", "inbox")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
@@ -18,12 +20,36 @@ _LINE_BREAK = re.compile(r"\r\n|\r")
 _COMPOUND = re.compile(r"\s*(async\s+)?(for|while|if|with|def|class|try|match)\b.*:")
 
 
-def delivery_text(delivery: Delivery, saved_path: str | None = None) -> str | None:
+def delivery_text(delivery: Delivery, saved_path: str | None = None,
+                  saved_files: list[str | None] | None = None) -> str | None:
     """The text one delivery types (without the final newline), or None when it carries nothing.
 
     The text, else the caption, else ``[document <fileName>]``; a multi-line message keeps its line
-    breaks (``\\r\\n`` and ``\\r`` become ``\\n``), nothing else is changed. A document saved to disk
-    is announced first as ``[document <path>]``, followed by the caption when there is one."""
+    breaks (``\r\n`` and ``\r`` become ``\n``), nothing else is changed. A document saved to disk
+    is announced first as ``[document <path>]``, followed by the caption when there is one.
+
+    A ``media`` delivery (``delivery.files``: voice, audio, video, an album…) types one line per file,
+    ``[<kind> <path>]`` for a file saved (``saved_files``, in the same order), ``[<kind> <name>
+    too large]`` for one over Telegram's 20 MB and ``[<kind> <name>]`` for one that could not be
+    saved; the caption follows the first line."""
+    if delivery.files is not None:
+        saved = list(saved_files or [])
+        lines = []
+        for index, file in enumerate(delivery.files):
+            kind = str(file.get("kind") or "document")
+            path = saved[index] if index < len(saved) else None
+            name = file.get("fileName") or "unnamed"
+            if path is not None:
+                lines.append(f"[{kind} {path}]")
+            elif file.get("tooLarge"):
+                lines.append(f"[{kind} {name} too large]")
+            else:
+                lines.append(f"[{kind} {name}]")
+        if not lines:
+            return None
+        if delivery.caption:
+            lines[0] += f" {delivery.caption}"
+        return _LINE_BREAK.sub("\n", "\n".join(lines))
     if saved_path is not None:
         body = f"[document {saved_path}]" + (f" {delivery.caption}" if delivery.caption else "")
     elif delivery.text is not None:
@@ -36,6 +62,30 @@ def delivery_text(delivery: Delivery, saved_path: str | None = None) -> str | No
     else:
         return None
     return _LINE_BREAK.sub("\n", body)
+
+
+def context_line(delivery: Delivery, limit: int = 200) -> str | None:
+    """``follow --context``: the line typed before a reply, ``[reply to <whom>: <text>]`` (with the
+    quote instead of the text when the owner quoted part of it), or None for a message that replies
+    to nothing. Only its first line, at most ``limit`` characters, is kept."""
+    reply = delivery.reply
+    if not reply:
+        return None
+    whom = "the agent" if reply.get("fromAgent") else (reply.get("fromName") or "a message")
+    said = reply.get("quote") or reply.get("text") or ""
+    said = _first_line(said, limit)
+    return f"[reply to {whom}: {said}]" if said else f"[reply to {whom}]"
+
+
+def edit_text(edit: Edit, limit: int = 4096) -> str:
+    """``follow --context``: what an owner's edit types, ``[edit] <new text>`` (the new text's line
+    breaks kept)."""
+    return _LINE_BREAK.sub("\n", f"[edit] {(edit.text or '')[:limit]}".rstrip())
+
+
+def _first_line(text: str, limit: int) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def delivery_input(text: str, *, end_blocks: bool = False) -> bytes:
@@ -51,18 +101,38 @@ def delivery_input(text: str, *, end_blocks: bool = False) -> bytes:
 async def save_document(client: FollowerClient, delivery: Delivery, inbox: str) -> str | None:
     """Download an owner's document into ``inbox`` (``<cwd>/.topicbus/inbox``); None on failure
     (the line then names the document only, so the agent still learns that it was sent)."""
-    doc = delivery.document or {}
+    return await _save(client, delivery.document or {}, delivery, inbox, "document")
+
+
+async def save_files(client: FollowerClient, delivery: Delivery, inbox: str) -> list[str | None]:
+    """Download each file of a ``media`` delivery that can be downloaded (not over 20 MB) into
+    ``inbox``; a path per file, None where it was not saved."""
+    paths: list[str | None] = []
+    for index, file in enumerate(delivery.files or []):
+        if file.get("tooLarge"):
+            paths.append(None)
+            continue
+        paths.append(await _save(client, file, delivery, inbox, str(file.get("kind") or "document"), index))
+    return paths
+
+
+async def _save(client: FollowerClient, doc: dict, delivery: Delivery, inbox: str, kind: str,
+                index: int = 0) -> str | None:
     file_id = doc.get("fileId")
     if not isinstance(file_id, str) or not file_id:
         return None
-    name = _UNSAFE_NAME.sub("_", str(doc.get("fileName") or "document")).strip(". ") or "document"
-    path = os.path.join(inbox, f"{delivery.message_id or delivery.delivery_id}-{name[:100]}")
+    name = str(doc.get("fileName") or "")
+    if not name:  # voice notes and video notes come without a name: the kind, and the type's extension
+        name = kind + (mimetypes.guess_extension(str(doc.get("mimeType") or "")) or "")
+    name = _UNSAFE_NAME.sub("_", name).strip(". ") or "document"
+    stem = f"{delivery.message_id or delivery.delivery_id}" + (f"-{index + 1}" if index else "")
+    path = os.path.join(inbox, f"{stem}-{name[:100]}")
     try:
         data = await client.download_document(file_id)
         os.makedirs(inbox, exist_ok=True)
         with open(path, "wb") as fh:
             fh.write(data)
     except Exception as exc:  # noqa: BLE001 - the message still reaches the agent
-        logger.warning("follow: document {} not saved ({})", file_id, type(exc).__name__)
+        logger.warning("follow: file {} not saved ({})", file_id, type(exc).__name__)
         return None
     return path

@@ -13,6 +13,7 @@ __all__ = [
     "Control",
     "Delivery",
     "DeliveryDeclined",
+    "Edit",
     "FollowerClosed",
     "FollowerError",
     "FollowerRefused",
@@ -35,7 +36,16 @@ class Assignment:
 
 @dataclass(frozen=True)
 class Delivery:
-    """One routed inbound item (``leader.deliver``)."""
+    """One owner message (``leader.deliver`` of a ``message`` item, or of a ``media`` item for a client
+    made with ``media=True``).
+
+    ``document``: the file of a message that carries one (for a ``media`` item, its first file that
+    can be downloaded), ``{"fileId", "fileName", "mimeType", "fileSize"}``; fetch it with
+    :meth:`FollowerClient.download_document`. ``files`` (``media`` items only, else None): every file,
+    each also with ``kind`` (``document``, ``photo``, ``voice``, ``audio``, ``video``, ``video_note``,
+    ``animation``), ``duration`` (seconds) and ``tooLarge`` (over the Bot API's 20 MB: it cannot be
+    fetched); an album is one delivery. ``reply``: what the owner replied to, ``{"messageId", "text",
+    "fromName", "fromAgent", "quote"}`` (``fromAgent``: the agent's own output), else None."""
 
     delivery_id: str
     text: str | None
@@ -45,6 +55,18 @@ class Delivery:
     from_name: str | None
     date: int | None
     document: dict | None
+    reply: dict | None = None
+    files: list[dict] | None = None
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One ``edit`` delivery (edit-v1, for a client made with ``on_edit``): an owner edited a message
+    this follower already received (``message_id``); ``text`` is its new text, else its new caption."""
+
+    delivery_id: str
+    message_id: int
+    text: str | None
 
 
 class FollowerError(Exception):

@@ -1,6 +1,7 @@
 """Handing deliveries to a follower's callbacks: once each, in order, receipts after the callback.
 
-Messages and button presses share one ordered queue; ``control`` items (``/interrupt``, ``/kill``,
+Messages (and ``media`` items, for a client that asked for them), edits and button presses share
+one ordered queue; ``control`` items (``/interrupt``, ``/kill``,
 ``/eof``) have their own, so that a control never waits behind a message the agent has not taken
 yet. An item is acknowledged (the receipt is sent) only after its callback returned; a callback that
 raises leaves it unacknowledged, and :class:`~topicbus.follower.model.DeliveryDeclined` does so
@@ -17,8 +18,8 @@ from typing import Any
 
 from loguru import logger
 
-from topicbus.follower.model import ButtonPress, Control, Delivery, DeliveryDeclined
-from topicbus.protocol import ButtonItem, ControlItem, Deliver, MessageItem
+from topicbus.follower.model import ButtonPress, Control, Delivery, DeliveryDeclined, Edit
+from topicbus.protocol import ButtonItem, ControlItem, Deliver, EditItem, MediaItem, MessageItem
 
 __all__ = ["DELIVERY_MEMORY", "Receiver"]
 
@@ -34,10 +35,13 @@ class Receiver:
     def __init__(self, *, on_delivery: Callable[[Delivery], Awaitable[None]] | None,
                  on_control: Callable[[Control], Awaitable[None]] | None,
                  on_button: Callable[[ButtonPress], Awaitable[None]] | None,
+                 on_edit: Callable[[Edit], Awaitable[None]] | None = None, media: bool = False,
                  receipt: Callable[[Any, str], Awaitable[None]], stopping: Callable[[], bool]):
         self._on_delivery = on_delivery
         self._on_control = on_control
         self._on_button = on_button
+        self._on_edit = on_edit
+        self._media = media
         self._receipt = receipt
         self._stopping = stopping
         self._receiving = True
@@ -91,8 +95,10 @@ class Receiver:
     def _handler_of(self, frame: Deliver) -> tuple[Callback | None, Any]:
         """The callback for a delivery and its argument; ``(None, None)`` for a type not advertised."""
         item = frame.item
-        if isinstance(item, MessageItem):
+        if isinstance(item, MessageItem) or (isinstance(item, MediaItem) and self._media):
             return self._on_delivery, delivery_of(frame)
+        if isinstance(item, EditItem) and self._on_edit is not None:
+            return self._on_edit, Edit(delivery_id=frame.id, message_id=item.message_id, text=item.text)
         if isinstance(item, ControlItem) and self._on_control is not None:
             return self._on_control, Control(delivery_id=frame.id, action=item.action, message_id=item.message_id)
         if isinstance(item, ButtonItem) and self._on_button is not None:
@@ -102,9 +108,17 @@ class Receiver:
 
 
 def delivery_of(frame: Deliver) -> Delivery:
-    """A ``message`` delivery as the public :class:`Delivery`."""
+    """A ``message`` or ``media`` delivery as the public :class:`Delivery`."""
     item = frame.item
-    assert isinstance(item, MessageItem)
+    assert isinstance(item, MessageItem | MediaItem)
+    reply = item.reply.model_dump(by_alias=True) if item.reply is not None else None
+    if isinstance(item, MediaItem):
+        files = [f.model_dump(by_alias=True) for f in item.files]
+        first = next((f for f in files if not f["tooLarge"]), files[0])
+        document = {key: first[key] for key in ("fileId", "fileName", "mimeType", "fileSize")}
+        return Delivery(delivery_id=frame.id, text=None, caption=item.caption, message_id=item.message_id,
+                        from_user_id=item.from_user_id, from_name=item.from_name, date=item.date,
+                        document=document, reply=reply, files=files)
     return Delivery(
         delivery_id=frame.id,
         text=item.text,
@@ -114,4 +128,5 @@ def delivery_of(frame: Deliver) -> Delivery:
         from_name=item.from_name,
         date=item.date,
         document=item.document.model_dump(by_alias=True) if item.document is not None else None,
+        reply=reply,
     )

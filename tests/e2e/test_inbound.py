@@ -230,3 +230,53 @@ async def test_queue_drop_and_offline_expiry_are_visible_in_the_topic(cluster: C
         assert first["text"] == "fresh"
     finally:
         await back.leave()
+
+
+# A child that writes every line it is typed to typed.log (in its working directory) and says so.
+RECORDER = """
+import sys
+print("agent ready", flush=True)
+with open("typed.log", "a", encoding="utf-8") as out:
+    for line in sys.stdin:
+        out.write(line)
+        out.flush()
+        print("got " + line.strip(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("context", [False, True], ids=["default", "context"])
+async def test_follow_types_each_file_as_kind_and_path_and_replies_and_edits_only_with_context(
+        cluster: Cluster, context: bool):
+    import sys
+
+    await leader(cluster)
+    work = cluster.tmp / f"typed-{'context' if context else 'default'}"
+    work.mkdir()
+    await cluster.spawn(f"follow-{work.name}", ["follow", "--cwd", str(work), *(["--context"] if context else []),
+                                                "--", sys.executable, "-u", "-c", RECORDER])
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+    output = next(m for m in cluster.fake.messages_in(CHAT_ID, thread) if m.text and "agent ready" in m.text)
+
+    asked = push(cluster, thread, "why?", reply_to_message_id=output.message_id)
+    cluster.fake.push_edited_message(CHAT_ID, asked, "why 3?", thread_id=thread, from_id=OWNER_ID)
+    cluster.fake.push_media(CHAT_ID, "voice", thread_id=thread, content=b"OggS voice", duration=5, from_id=OWNER_ID)
+    cluster.fake.push_album(CHAT_ID, [("photo", b"jpeg 1"), ("video", b"mp4 2")], thread_id=thread,
+                            caption="from the trip")
+    push(cluster, thread, "last")
+    typed = work / "typed.log"
+    await cluster.wait_for(lambda: typed.exists() and "last\n" in typed.read_text(encoding="utf-8"),
+                           message=lambda: f"the child typed 'last': {typed.read_text() if typed.exists() else ''}")
+
+    lines = typed.read_text(encoding="utf-8").splitlines()
+    voice, photo, video = (line for line in lines if line.startswith(("[voice ", "[photo ", "[video ")))
+    expected = ["why?", voice, photo, video, "last"]
+    if context:
+        expected = ["[reply to the agent: agent ready]", "why?", "[edit] why 3?", voice, photo, video, "last"]
+    assert lines == expected
+    assert photo.endswith(" from the trip")  # the album's caption follows its first file
+    saved = [Path(line.split(" ", 1)[1].removesuffix(" from the trip").rstrip("]")) for line in (voice, photo, video)]
+    assert [p.read_bytes() for p in saved] == [b"OggS voice", b"jpeg 1", b"mp4 2"]
+    assert all(p.parent == work / ".topicbus" / "inbox" for p in saved)
+    if not context:  # the edit never reached the agent, and the topic says so
+        await cluster.wait_text(thread, "does not take edits")

@@ -1,4 +1,5 @@
-"""FollowerClient: control and button deliveries, their capabilities, declined items, stop_receiving."""
+"""FollowerClient: control, button, media and edit deliveries, their capabilities, declined items,
+stop_receiving."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from topicbus.follower.client import ButtonPress, Control, Delivery, DeliveryDeclined, FollowerClient
+from topicbus.follower.client import ButtonPress, Control, Delivery, DeliveryDeclined, Edit, FollowerClient
 from topicbus.protocol import CAP_BUTTON, CAP_CONTROL
 from tests.fakeleader import FakeLeader
 from tests.support.waiting import wait_until
@@ -61,6 +62,36 @@ async def test_controls_and_buttons_reach_their_callbacks_once(leader: FakeLeade
         await wait_until(lambda: len(leader.receipts) == 3, timeout=5, message="receipts")
     assert [(c.delivery_id, c.action) for c in controls] == [(first, "interrupt")]
     assert presses == [ButtonPress(delivery_id=pressed, data="y", message_id=55, from_user_id=1)]
+
+
+async def test_media_and_edits_reach_their_callbacks_only_when_asked_for(leader: FakeLeader) -> None:
+    deliveries: list[Delivery] = []
+    edits: list[Edit] = []
+
+    async def on_delivery(delivery: Delivery) -> None:
+        deliveries.append(delivery)
+
+    async def on_edit(edit: Edit) -> None:
+        edits.append(edit)
+
+    async with make_client(leader, on_delivery=on_delivery) as client:
+        await client.wait_registered(timeout=5)
+        assert not leader.follower_capabilities().may_receive("media")
+        assert not leader.follower_capabilities().may_receive("edit")
+    voice = {"fileId": "f-1", "fileName": None, "mimeType": "audio/ogg", "fileSize": 10, "kind": "voice",
+             "duration": 5}
+    big = {"fileId": "f-2", "fileName": "demo.mp4", "kind": "video", "tooLarge": True}
+    reply = {"messageId": 9, "text": "build finished", "fromName": "Bot", "fromAgent": True, "quote": None}
+    async with make_client(leader, on_delivery=on_delivery, on_edit=on_edit, media=True) as client:
+        await client.wait_registered(timeout=5)
+        album = await leader.media([big, voice], caption="listen", reply=reply)
+        edited = await leader.edit(17, "why 3?")
+        await wait_until(lambda: len(leader.receipts) == 2, timeout=5, message="receipts")
+    assert [d.delivery_id for d in deliveries] == [album] and edits == [Edit(edited, 17, "why 3?")]
+    got = deliveries[0]
+    assert [(f["kind"], f["duration"], f["tooLarge"]) for f in got.files] == [("video", None, True), ("voice", 5, False)]
+    assert got.document == {"fileId": "f-1", "fileName": None, "mimeType": "audio/ogg", "fileSize": 10}
+    assert got.caption == "listen" and got.text is None and got.reply == reply and got.message_id == 21
 
 
 async def test_a_control_is_not_stuck_behind_a_message_that_waits(leader: FakeLeader) -> None:

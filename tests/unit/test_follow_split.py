@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from topicbus.follower.client import Delivery
 from topicbus.follower.follow import OutputBatcher, delivery_text, dropped_marker, exit_code_of, exit_notice, split_text
-from topicbus.follower.inputs import delivery_input
+from topicbus.follower.inputs import context_line, delivery_input, edit_text
+from topicbus.follower.model import Edit
 
 
 def reassemble(text: str, chunks: list[str]) -> None:
@@ -160,6 +161,36 @@ def test_delivery_text_keeps_lines() -> None:
     assert delivery_text(_delivery(document={"fileName": "f.txt"})) == "[document f.txt]"
     assert delivery_text(_delivery(caption="c", document={"fileName": "f"}), "/in/f") == "[document /in/f] c"
     assert delivery_text(_delivery()) is None
+
+
+def test_media_types_a_line_per_file_with_its_kind_and_the_caption_after_the_first() -> None:
+    files = [{"fileId": "a", "fileName": None, "kind": "voice", "duration": 5, "tooLarge": False},
+             {"fileId": "b", "fileName": "trip.jpg", "kind": "photo", "tooLarge": False},
+             {"fileId": "c", "fileName": "demo.mp4", "kind": "video", "tooLarge": True},
+             {"fileId": "d", "fileName": "x.mp4", "kind": "video_note", "tooLarge": False}]
+    album = Delivery(delivery_id="d", text=None, caption="from the trip", message_id=1, from_user_id=1,
+                     from_name="A", date=0, document=None, files=files)
+    assert delivery_text(album, saved_files=["/in/1-voice.ogg", "/in/1-2-trip.jpg", None, None]) == (
+        "[voice /in/1-voice.ogg] from the trip\n[photo /in/1-2-trip.jpg]\n[video demo.mp4 too large]\n"
+        "[video_note x.mp4]")  # saved, saved, over 20 MB, not saved (the download failed)
+    assert delivery_text(album, saved_files=[]) .splitlines()[0] == "[voice unnamed] from the trip"
+
+
+def test_context_lines_say_what_was_replied_to_and_edits_are_marked() -> None:
+    def replying(reply):
+        return Delivery(delivery_id="d", text="why?", caption=None, message_id=2, from_user_id=1, from_name="A",
+                        date=0, document=None, reply=reply)
+
+    agent = {"messageId": 9, "text": "build finished: 3 warnings\nmore", "fromName": "Bot", "fromAgent": True}
+    assert context_line(replying(agent)) == "[reply to the agent: build finished: 3 warnings]"
+    assert context_line(replying({**agent, "quote": "3 warnings"})) == "[reply to the agent: 3 warnings]"
+    assert context_line(replying({"messageId": 8, "text": None, "fromName": "Ann", "fromAgent": False})) == \
+        "[reply to Ann]"
+    assert context_line(replying({"messageId": 8, "text": "x" * 300, "fromAgent": False}), limit=10) == \
+        "[reply to a message: xxxxxxxxx…]"
+    assert context_line(replying(None)) is None
+    assert edit_text(Edit(delivery_id="e", message_id=2, text="why 3 warnings?\r\nreally")) == \
+        "[edit] why 3 warnings?\nreally"
 
 
 def test_delivery_input() -> None:
