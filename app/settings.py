@@ -21,7 +21,7 @@ ENV_PREFIX = "TOPICBUS_"
 # Values a newcomer copies from .env.example without filling in. They are taken as "not set" (so a
 # follower machine with an untouched TOPICBUS_CHAT_ID still runs) and named where they are needed.
 PLACEHOLDER_PREFIX = "replace-with"
-OLD_PLACEHOLDERS = {"owner_ids": "123456789"}  # .env.example of topicbus 0.2
+OLD_PLACEHOLDERS = {"owner_ids": "123456789"}  # .env.example of topicbus 0.1
 PLACEHOLDER_FIELDS = ("bot_token", "chat_id", "owner_ids", "bus_secret")
 BOT_TOKEN_SHAPE = re.compile(r"\d+:[A-Za-z0-9_-]+")
 SUPERGROUP_PREFIX = "-100"

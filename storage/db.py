@@ -12,6 +12,7 @@ around the unit of work (``tests/integration/test_storage.py`` checks all three)
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -81,12 +82,17 @@ class _Reader:
         return rows[0] if rows else None
 
 
-_READ_VERBS = ("SELECT", "WITH")
+# A WITH clause may lead an INSERT, UPDATE, DELETE or REPLACE as well as a SELECT (SQLite's grammar):
+# such a statement is a write, whatever it starts with. String literals are left out of the search.
+_CTE_WRITE = re.compile(r"\b(INSERT|UPDATE|DELETE)\b|\bREPLACE\s+INTO\b", re.IGNORECASE)
+_SQL_STRING = re.compile(r"'(?:[^']|'')*'")
 
 
 def _check_read(sql: str) -> None:
     head = sql.lstrip()[:6].upper()
-    if head.startswith(_READ_VERBS) or (head == "PRAGMA" and "=" not in sql):
+    if head.startswith("SELECT") or (head == "PRAGMA" and "=" not in sql):
+        return
+    if head.startswith("WITH") and not _CTE_WRITE.search(_SQL_STRING.sub("''", sql)):
         return
     raise PermissionError("writes go through Database.unit_of_work(authority); reads are SELECT/WITH only")
 

@@ -27,7 +27,7 @@ from topicbus.bot.gateway import TelegramGateway, redact_bot_urls
 from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
-from topicbus.bot.timers import JobQueueTimers
+from topicbus.bot.timers import JobQueueTimers, RunningJobs
 from topicbus.bus.metrics import Snapshot
 from topicbus.bus.server import BusLimits, BusServer, TlsConfigurationError, tls_context
 from topicbus.core.clock import Clock, SystemClock
@@ -53,6 +53,7 @@ PRUNE_JOB_ID = "topicbus.prune"
 LEASE_JOB_ID = "topicbus.lease"
 PURGE_JOB_ID = "topicbus.purge"
 PURGE_INTERVAL_S = 3600
+JOBS_SETTLE_S = 5.0  # a stop waits this long for running jobs (a lease refresh, a prune pass) to end
 HISTORY_KEEP_MS = 7 * 24 * 3600 * 1000  # delivered/sent rows are kept a week for diagnosis
 
 
@@ -189,6 +190,7 @@ class Leadership:
         self.server = server
         self.services: LeaderServices | None = None
         self.poller: UpdatePoller | None = None
+        self._jobs: RunningJobs | None = None
         self.lost = asyncio.Event()
         self._leases = leases
         self._polled_once = False
@@ -207,6 +209,7 @@ class Leadership:
             return self.lost.is_set()
         jq = app.job_queue
         assert jq is not None
+        self._jobs = RunningJobs(jq)
         services = assemble(self.term, bot=app.bot, timers=JobQueueTimers(jq),
                             liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
                             default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms,
@@ -406,6 +409,9 @@ class Leadership:
         services.display.cancel()
         if self.poller is not None:
             await self.poller.stop()
+        if self._jobs is not None and not await self._jobs.settle(JOBS_SETTLE_S):
+            logger.bind(phase="shutdown").warning("{} job(s) still running after {:g} s; stopping anyway",
+                                                  self._jobs.running, JOBS_SETTLE_S)
         await close_term(services)
         try:
             if app.running:

@@ -100,3 +100,57 @@ async def test_an_answer_after_the_owner_spoke_is_a_new_message_below_never_an_e
     assert answer.message_id > asked  # below the question on the phone
     assert not any("got:hello" in text for m in cluster.fake.messages_in(CHAT_ID, thread)
                    if m.message_id < asked for _, text in m.history)  # no earlier message grew to hold it
+
+
+# Block-buffered (no -u, no flush): prints colours and a carriage-return progress bar when asked,
+# traps SIGINT for /interrupt, and answers each line it reads.
+TERMINAL_AGENT = textwrap.dedent("""
+    import signal, sys, time
+    def interrupted(*_):
+        print("interrupted")
+        sys.stdout.flush()
+    signal.signal(signal.SIGINT, interrupted)
+    print("\\x1b[1;32mREADY\\x1b[0m")
+    for line in sys.stdin:
+        line = line.rstrip("\\n")
+        if line == "bar":
+            for i in range(0, 101, 10):
+                sys.stdout.write("\\r[" + "#" * (i // 10) + " " * (10 - i // 10) + f"] {i}%")
+                time.sleep(0.02)
+            print()
+        elif line == "busy":
+            print("working")
+            while True:
+                time.sleep(0.05)
+        else:
+            print("got:" + line)
+""")
+
+
+@pytest.mark.parametrize("pty", [False, True], ids=["pipe", "pty"])
+async def test_interrupt_colours_and_progress_through_the_leader(cluster: Cluster, tmp_path, pty: bool):
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    work = tmp_path / ("term-pty" if pty else "term-pipe")
+    work.mkdir()
+    env = {"PYTHONUNBUFFERED": ""}  # block-buffered unless a terminal makes Python line-buffer
+    command = [sys.executable, "-c", TERMINAL_AGENT]
+    if not pty:
+        command.insert(1, "-u")  # a pipe needs -u; the pty does without it (the point of --pty)
+    await cluster.spawn(f"follow-{work.name}", ["follow", "--cwd", str(work), *(["--pty"] if pty else []), "--",
+                                                *command], **env)
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "READY")
+
+    cluster.fake.push_message(CHAT_ID, "hello", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "got:hello", timeout=2)  # each message answered at once, even block-buffered
+    cluster.fake.push_message(CHAT_ID, "bar", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "100%")
+    cluster.fake.push_message(CHAT_ID, "busy", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "working")
+    cluster.fake.push_message(CHAT_ID, "/interrupt", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "interrupted", timeout=3)
+
+    shown = "\n".join(cluster.fake.visible_lines(CHAT_ID, thread))
+    assert "READY" in shown and not any(ch in shown for ch in "\x1b\r\b")
+    assert [line.strip() for line in shown.splitlines() if "%" in line] == ["[##########] 100%"]

@@ -71,6 +71,9 @@ async def test_the_authority_fence_refuses_a_leader_that_lost_its_lease(tmp_path
             async with db.unit_of_work(first) as uow:
                 await uow.execute("INSERT INTO runtime_settings VALUES ('late', 'x', 0)")
         assert await db.fetch_value("SELECT COUNT(*) FROM runtime_settings") == 0
+        # A WITH that reads stays a read, also when a string or a function names a write.
+        assert await db.fetch_value("WITH t(a) AS (SELECT 'insert or delete') SELECT replace(a, 'or', '&') FROM t") \
+            == "insert & delete"
         assert not await leases.refresh(first, 11_000)
         assert await leases.refresh(second, 11_000)
         await leases.release(second)
@@ -118,7 +121,10 @@ async def test_there_is_no_write_path_around_the_unit_of_work(tmp_path):
     db = await Database.open(tmp_path / "x.sqlite3")
     try:
         for sql in ("INSERT INTO runtime_settings VALUES ('x', 'y', 0)", "  update runtime_settings SET value = 1",
-                    "DELETE FROM outbox", "PRAGMA user_version = 7", "REPLACE INTO runtime_settings VALUES (1,1,1)"):
+                    "DELETE FROM outbox", "PRAGMA user_version = 7", "REPLACE INTO runtime_settings VALUES (1,1,1)",
+                    "WITH t(a) AS (SELECT 1) INSERT INTO runtime_settings SELECT 'k', a, 0 FROM t",
+                    "with t(a) as (select 1)\ndelete from runtime_settings where key in (select a from t)",
+                    "WITH t(a) AS (SELECT 'x') REPLACE INTO runtime_settings SELECT a, a, 0 FROM t"):
             with pytest.raises(PermissionError):
                 await db.fetch_all(sql)
         with pytest.raises(TypeError):
@@ -127,6 +133,9 @@ async def test_there_is_no_write_path_around_the_unit_of_work(tmp_path):
         with pytest.raises(TypeError):
             await db.self_fenced_statement("DELETE FROM outbox WHERE {authority_check}", [], None)  # type: ignore[arg-type]
         assert await db.fetch_value("SELECT COUNT(*) FROM runtime_settings") == 0
+        # A WITH that reads stays a read, also when a string or a function names a write.
+        assert await db.fetch_value("WITH t(a) AS (SELECT 'insert or delete') SELECT replace(a, 'or', '&') FROM t") \
+            == "insert & delete"
         assert await db.fetch_value("PRAGMA user_version") >= 1
     finally:
         await db.close()
