@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from topicbus.protocol import Kind, decode_frame, encode, send_frame, text_message
+from topicbus.protocol import Kind, decode_frame, document_message, encode, send_frame, text_message
 from topicbus.storage.bindings import BindingRepository, OwnerRecord
 from topicbus.storage.cleanups import CleanupRepository
 from tests.integration.leader_env import CHAT, LeaderEnv, fenced
@@ -90,3 +90,39 @@ async def test_a_topic_telegram_will_not_reopen_now_fails_the_registration_for_a
     assert "reopen" in str(error)
     again = await env.register("a2", cwd="/w", generation="g3", pid=11)  # the follower's retry
     assert again["threadId"] == thread and not env.fake.topic(CHAT, thread).closed
+
+
+async def test_output_refused_by_a_closed_topic_reopens_it_and_is_sent_again(env: LeaderEnv):
+    await env.start()
+    thread = (await env.register("a", cwd="/live", generation="g1", pid=10))["threadId"]
+    await _send(env, "a", "g1", "before")
+    await env.fake.wait_for(lambda: [m.text for m in env.fake.messages_in(CHAT, thread)] == ["before"], timeout=10)
+    env.fake.push_topic_event(CHAT, thread, "closed")  # the owner closed the topic in Telegram
+    assert env.fake.topic(CHAT, thread).closed
+
+    # A file (a message of its own, never an edit of the live one) is refused with TOPIC_CLOSED:
+    # the topic is reopened and the same file sent again.
+    assert env.services is not None
+    frame = send_frame("a:report", "a", "g1", document_message("report.txt", b"all green"))
+    await env.services.followers.send(decode_frame(encode(frame))[1])
+    await env.fake.wait_for(lambda: [m.document_bytes for m in env.fake.messages_in(CHAT, thread)
+                                     if m.kind == "document"] == [b"all green"], timeout=10)
+    assert [c.params["message_thread_id"] for c in env.calls("reopenForumTopic")] == [thread]
+    assert not env.fake.topic(CHAT, thread).closed
+    assert [c.status for c in env.calls("sendDocument")] == [400, 200]  # refused once, then sent once
+
+
+async def test_an_image_goes_out_as_a_photo_and_one_telegram_cannot_take_as_a_file(env: LeaderEnv):
+    await env.start()
+    thread = (await env.register("a", cwd="/pics", generation="g1", pid=10))["threadId"]
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
+    for name, data in (("chart.png", png), ("broken.png", b"not an image at all")):
+        photo = {**document_message(name, data, caption=name), "type": "photo"}
+        frame = send_frame(f"a:{name}", "a", "g1", photo)
+        assert env.services is not None
+        await env.services.followers.send(decode_frame(encode(frame))[1])
+    await env.fake.wait_for(lambda: len(env.fake.messages_in(CHAT, thread)) == 2, timeout=10)
+    chart, broken = env.fake.messages_in(CHAT, thread)
+    assert (chart.kind, chart.caption) == ("photo", "chart.png")
+    assert (broken.kind, broken.caption, broken.document_bytes) == ("document", "broken.png", b"not an image at all")
+    assert len(env.calls("sendPhoto")) == 2 and len(env.calls("sendDocument")) == 1  # refused once, then a file
