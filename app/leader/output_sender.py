@@ -222,8 +222,10 @@ class OutputSender:
         markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(True, lambda: self._gateway.edit_message(chat, live.message_id, rendered,
                                                                             buttons=markup))
-        if result.outcome is Outcome.REJECTED and "parse" not in result.message.lower():
-            topic.turn.stream.live = None  # the message cannot be edited (deleted, too old): start anew
+        if result.outcome is Outcome.REJECTED:
+            # The message cannot be edited (deleted, too old), or the joined text does not parse (HTML):
+            # the items go out in a new message instead, which falls back to plain text if need be.
+            topic.turn.stream.live = None
             self._live_keyboards.pop(key, None)
             return
         if await self._settle(key, topic, step.items, result, live.message_id):

@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
@@ -194,11 +193,13 @@ async def test_database_locked_by_an_outside_writer(cluster: Cluster):
     try:
         await asyncio.to_thread(conn.execute, "BEGIN IMMEDIATE")
         push(cluster, thread, ["while the database is locked"])
-        held_until = time.monotonic() + 1.5
-        while time.monotonic() < held_until:
-            # The message cannot be journaled, so it must not be delivered yet.
-            assert recorded_lines(out) == []
-            await asyncio.sleep(0.05)
+        # The leader has the update and is waiting for the write lock (it says so once its busy
+        # timeout is over): the message cannot be journaled, so it is neither delivered nor confirmed.
+        await cluster.wait_for(lambda: "database is locked by another writer; waiting" in leader.log(), timeout=30,
+                               message="the leader waiting for the write lock")
+        assert recorded_lines(out) == []
+        assert any(u.get("message", {}).get("text") == "while the database is locked"
+                   for u in cluster.fake.pending_updates())  # not confirmed to Telegram either
     finally:
         await asyncio.to_thread(conn.execute, "ROLLBACK")
         conn.close()
@@ -252,3 +253,35 @@ async def test_a_rejected_bot_token_exits_2_with_a_readable_line(cluster: Cluste
     log = leader.log()
     assert "rejected TOPICBUS_BOT_TOKEN" in log and "Traceback" not in log
     assert cluster.fake.calls_to("getUpdates") == []
+
+
+async def test_a_control_answer_under_flood_control_waits_without_holding_up_polling_and_is_never_lost(
+        cluster: Cluster):
+    """Issue 11's break: the reply to /status met RetryAfter inside the handler, the poller retried the
+    update (routing of every owner message stopped) and skipped it after 3 attempts, answer lost."""
+    await cluster.start_leader()
+    await cluster.wait_polling()
+    work, out = cluster.tmp / "flooded", cluster.tmp / "flooded.stdin.txt"
+    _, thread = await start_recorded_follower(cluster, work, out)
+    await cluster.wait_text(thread, "agent ready")
+    control = (await cluster.status())["controlThreadId"]
+    fake = cluster.fake
+    wait_s = 3
+    fake.fail_next("sendMessage", status=429, retry_after=wait_s,
+                   when=lambda params: params.get("message_thread_id") == control)
+
+    fake.push_message(CHAT_ID, "/status", thread_id=control, from_id=OWNER_ID)
+    await cluster.wait_for(lambda: any(c.status == 429 for c in fake.calls_to("sendMessage")),
+                           message="the answer to /status meeting flood control")
+    push(cluster, thread, ["while the chat waits"])
+    # Polling goes on: the owner's next message reaches its agent while the answer still waits.
+    await cluster.wait_for(lambda: recorded_lines(out) == ["while the chat waits"], timeout=wait_s - 0.5,
+                           message="routing during the RetryAfter wait")
+    answers = [m for m in fake.messages_in(CHAT_ID, control) if (m.text or "").startswith("topicbus · leader")]
+    assert answers == []
+    # The answer is sent once the wait is over, exactly once, and the update was confirmed once.
+    await cluster.wait_for(lambda: [m for m in fake.messages_in(CHAT_ID, control)
+                                    if (m.text or "").startswith("topicbus · leader")], timeout=wait_s + 10,
+                           message="the /status answer after the wait")
+    assert len([m for m in fake.messages_in(CHAT_ID, control) if (m.text or "").startswith("topicbus · leader")]) == 1
+    assert fake.pending_updates() == []

@@ -455,8 +455,10 @@ async def test_a_full_backlog_at_the_leader_blocks_the_child_like_a_slow_termina
     """)
     await wait_until(lambda: progress.exists() and int(progress.read_text() or 0) > 100, timeout=START_S,
                      message="the child printing")
-    # Held back: the child cannot get far beyond follow's hold (256 KiB) plus the pipe (64 KiB).
-    await wait_until(lambda: _stable(progress), timeout=20, message="the child blocked on its pipe")
+    # Held back: the child sleeps inside write(2) on its full pipe, and cannot have got far beyond
+    # follow's hold (256 KiB) plus the pipe (64 KiB).
+    pid = child_pid(leader)
+    await wait_until(lambda: _blocked_writing(pid), timeout=20, message="the child blocked on its pipe")
     assert int(progress.read_text()) < 1000, progress.read_text()
     leader.send_errors.clear()  # Telegram caught up: the backlog drains
     assert await proc.wait(timeout=60) == 0
@@ -464,17 +466,16 @@ async def test_a_full_backlog_at_the_leader_blocks_the_child_like_a_slow_termina
     assert [int(line[:5]) for line in lines] == list(range(4000))  # nothing dropped, in order
 
 
-_last_progress: dict[Path, tuple[str, float]] = {}
+_WRITE_SYSCALL = {"x86_64": 1, "aarch64": 64}  # write(2)'s number, as /proc/<pid>/syscall shows it
 
 
-def _stable(path: Path) -> bool:
-    """True once the file has not changed for a second (checked on successive calls)."""
-    import time
+def _blocked_writing(pid: int) -> bool:
+    """The process sleeps inside write(2): a full pipe holds it, as a slow terminal would."""
+    import platform
 
-    value = path.read_text()
-    now = time.monotonic()
-    seen = _last_progress.get(path)
-    if seen is None or seen[0] != value:
-        _last_progress[path] = (value, now)
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        syscall = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+    except (OSError, IndexError):
         return False
-    return now - seen[1] >= 1.0
+    return state == "S" and syscall == str(_WRITE_SYSCALL[platform.machine()])

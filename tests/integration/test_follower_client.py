@@ -268,16 +268,18 @@ async def test_wrong_secret_is_refused(leader: FakeLeader) -> None:
 
 async def test_unreachable_leader_is_retried_with_backoff() -> None:
     async with FakeLeader() as leader:
-        url = leader.url
-    client = FollowerClient(leader_url=url, secret="x" * 10, backoff_initial_s=0.01, backoff_max_s=0.05,
-                            request_timeout_s=0.5)
-    try:
-        await client.start()
-        with pytest.raises(TimeoutError):
-            await client.wait_registered(timeout=0.3)
-        assert not client.connected and client.failure is None
-    finally:
-        await client.close()
+        leader.unavailable = True  # a standby, or a leader still starting: 503 to every upgrade
+        client = FollowerClient(leader_url=leader.url, secret=leader.secret, backoff_initial_s=0.01,
+                                backoff_max_s=0.05, request_timeout_s=0.5)
+        try:
+            await client.start()
+            await wait_until(lambda: leader.rejected_upgrades >= 3, timeout=5, message="three refused attempts")
+            assert not client.registered and client.failure is None  # refused for now, not for good
+            leader.unavailable = False
+            await client.wait_registered(timeout=5)  # the next attempt gets in
+            assert len(leader.registrations) == 1
+        finally:
+            await client.close()
 
 
 async def test_close_sends_disconnect_and_is_idempotent(leader: FakeLeader) -> None:
