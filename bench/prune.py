@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from topicbus.host import Liveness, ProcessLiveness, current_host_id, process_birth_id
-from topicbus.core.pruning import FollowerPruner
+from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.registry import FollowerRecord, FollowerRegistry
 from topicbus.core.target import Target
 from bench.common import CHAT_ID, Context, fmt, say

@@ -18,7 +18,7 @@ from topicbus.bot.gateway import TelegramGateway
 from topicbus.core.display import DisplayMode
 from topicbus.core.liveness import LivenessPort
 from topicbus.core.mutations import FollowerMutationQueue
-from topicbus.core.pruning import FollowerPruner
+from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.registry import FollowerRegistry
 from topicbus.core.startup import Timers
 from topicbus.leader.agent_commands import AgentCommands, OfflineQueue

@@ -16,7 +16,7 @@ from topicbus.leader.titles import DisplayReconciler
 from topicbus.protocol import CAP_DISPLAY_TITLE
 from topicbus.storage.admission import PROFILE, AdmissionLedger
 from topicbus.storage.bindings import BindingRepository
-from topicbus.core.pruning import FollowerPruner
+from topicbus.leader.pruner import FollowerPruner
 
 
 class DisplayModeRefused(Exception):

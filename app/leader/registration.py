@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from topicbus.core.mutations import FollowerMutationQueue
-from topicbus.core.pruning import FollowerPruner
+from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.target import Target
 from topicbus.core.workspace import WorkspaceIdentity, default_thread_name

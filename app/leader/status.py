@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from topicbus.core.pruning import FollowerPruner
+from topicbus.leader.pruner import FollowerPruner
 from topicbus.leader.outbound import OutboundScheduler
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.registration import Registrations

@@ -23,7 +23,7 @@ from topicbus.core.liveness import Liveness
 from topicbus.logsetup import EventJournal
 from topicbus.protocol import (ProtocolError, Registration, decode_frame, disconnect_frame, encode, follower_identity,
                                heartbeat_frame, register_frame)
-from topicbus.core.pruning import FollowerPruner
+from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.display import DisplayMode
 from topicbus.storage.db import Authority, Database
 from topicbus.storage.lease import LeaseRepository

@@ -26,10 +26,10 @@ from topicbus.core.pruning import (
     PHASE_PROCESS_LIVENESS,
     PHASE_PRUNE_OWNER,
     PHASE_PRUNED,
-    FollowerPruner,
     Liveness,
 )
 from topicbus.core.registry import FollowerRecord, FollowerRegistry
+from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.target import Target
 from tests.support.waiting import wait_until
 

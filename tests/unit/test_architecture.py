@@ -1,0 +1,40 @@
+"""The dependency rule of docs/architecture.md, checked statically: the domain core imports nothing of
+topicbus but the core, and no adapter, storage, settings or logging library (static check)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parents[2] / "app" / "core"
+# Outside the core: the adapters' libraries, storage, settings, logging, processes and sockets.
+FORBIDDEN_IN_CORE = ("aiohttp", "aiosqlite", "sqlite3", "telegram", "apscheduler", "httpx", "pydantic",
+                     "pydantic_settings", "loguru", "socket", "subprocess", "prometheus_client")
+
+
+def imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def offending(names: set[str]) -> list[str]:
+    bad = [n for n in names if any(n == f or n.startswith(f + ".") for f in FORBIDDEN_IN_CORE)]
+    bad += [n for n in names if n.startswith("topicbus") and not n.startswith("topicbus.core")]
+    return sorted(bad)
+
+
+def test_the_core_depends_on_nothing_but_itself_and_pure_libraries() -> None:
+    modules = sorted(CORE.glob("*.py"))
+    assert len(modules) > 10
+    assert {str(p.name): found for p in modules if (found := offending(imports(p)))} == {}
+
+
+def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("import sqlite3\nfrom topicbus.leader.term import LeaderTerm\nfrom topicbus.core.target import Target\n")
+    assert offending(imports(sample)) == ["sqlite3", "topicbus.leader.term"]
