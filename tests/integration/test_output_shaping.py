@@ -1,0 +1,91 @@
+"""How agent output reaches the topic (issue 11), on a leader with its real outbound scheduler and
+the fake Bot API: long output as one text file with the last lines as its caption, a stream's
+messages silent and ended by one notifying "✓" line, the follower's outbox cap answered with
+backlog-full and nothing stored, and topics served in turn when the budget is short."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from topicbus.core.budget import BudgetConfig
+from topicbus.core.output import OutputConfig
+from topicbus.protocol import ErrorCode, Kind, ProtocolError, decode_frame, encode, send_frame, text_message
+from tests.integration.leader_env import CHAT, LeaderEnv
+
+
+async def _send(env: LeaderEnv, instance: str, generation: str, text: str, request: str) -> None:
+    assert env.services is not None
+    kind, model, _ = decode_frame(encode(send_frame(request, instance, generation, text_message(text))))
+    assert kind is Kind.SEND
+    await env.services.followers.send(model)
+
+
+def _output(env: LeaderEnv, **changes) -> None:
+    env.outbound_options = dataclasses.replace(env.outbound_options,
+                                               output=dataclasses.replace(OutputConfig(), **changes))
+
+
+async def test_long_output_is_one_file_with_the_last_lines_as_its_caption(env: LeaderEnv):
+    _output(env, file_threshold=2_000)
+    await env.start()
+    thread = (await env.register("a", cwd="/long", generation="g1", pid=10))["threadId"]
+    lines = [f"line {i:04d} " + "x" * 40 for i in range(200)]  # about 10,000 characters
+    for i in range(0, 200, 20):
+        await _send(env, "a", "g1", "\n".join(lines[i:i + 20]), f"r{i}")
+    await env.fake.wait_for(lambda: [m for m in env.fake.messages_in(CHAT, thread) if m.kind == "document"],
+                            timeout=10)
+    [document] = [m for m in env.fake.messages_in(CHAT, thread) if m.kind == "document"]
+    assert re.fullmatch(r"output-\d{6}\.txt", document.document_name or "")
+    assert document.document_bytes.decode().split("\n") == lines  # everything, in order, once
+    assert document.caption.rstrip().endswith(lines[-1]) and lines[0] not in document.caption  # the tail
+    assert [e["type"] for e in document.entities] == ["pre"]  # the caption's preview, monospace
+    assert [m for m in env.fake.messages_in(CHAT, thread) if m.kind == "text" and "line 0" in (m.text or "")] == []
+
+
+async def test_a_stream_is_silent_and_ends_with_one_notifying_line(env: LeaderEnv):
+    _output(env, quiet_ms=300, live_window_ms=0)  # no growing message: each turn a message of its own
+    await env.start()
+    thread = (await env.register("a", cwd="/stream", generation="g1", pid=10))["threadId"]
+    await _send(env, "a", "g1", "build started", "r0")
+    await env.fake.wait_for(lambda: len(env.fake.messages_in(CHAT, thread)) == 1, timeout=10)
+    for i in range(1, 4):  # more output within the quiet time: the same burst
+        await _send(env, "a", "g1", f"step {i}", f"r{i}")
+        await env.fake.wait_for(lambda n=i: len(env.fake.messages_in(CHAT, thread)) >= n + 1, timeout=10)
+    await env.fake.wait_for(lambda: (env.fake.messages_in(CHAT, thread)[-1].text or "").startswith("✓"), timeout=10,
+                            message="the line that ends the stream")
+    messages = env.fake.messages_in(CHAT, thread)
+    assert [(m.text, m.silent) for m in messages] == [("build started", False), ("step 1", True), ("step 2", True),
+                                                      ("step 3", True), ("✓ step 3", False)]
+
+
+async def test_the_outbox_cap_answers_backlog_full_and_stores_nothing(env: LeaderEnv):
+    env.outbound_options = dataclasses.replace(env.outbound_options, max_items=3)
+    await env.start()
+    await env.register("a", cwd="/capped", generation="g1", pid=10)
+    env.fake.set_flood_limit(0, retry_after=30)  # Telegram takes nothing: the outbox fills up
+    for i in range(3):
+        await _send(env, "a", "g1", f"kept {i}", f"r{i}")
+    with pytest.raises(ProtocolError) as refused:
+        await _send(env, "a", "g1", "one too many", "r3")
+    assert refused.value.code == ErrorCode.BACKLOG_FULL
+    texts = [r["text"] for r in await env.db.fetch_all("SELECT json_extract(payload, '$.text') AS text FROM outbox")]
+    assert "one too many" not in texts and sum(t.startswith("kept") for t in texts) == 3
+
+
+async def test_topics_take_turns_when_the_budget_is_short(env: LeaderEnv):
+    env.outbound_options = dataclasses.replace(env.outbound_options,
+                                               budget=BudgetConfig(per_minute=100_000, per_second=5,
+                                                                   overall_per_second=10_000),
+                                               output=OutputConfig(coalesce=False))  # one message per item
+    await env.start()
+    a = (await env.register("a", cwd="/a", generation="g1", pid=10))["threadId"]
+    b = (await env.register("b", cwd="/b", generation="g1", pid=11))["threadId"]
+    for i in range(6):  # a chatty agent queues first ...
+        await _send(env, "a", "g1", f"a{i}", f"a{i}")
+    await _send(env, "b", "g1", "b0", "b0")  # ... the other then says one thing
+    await env.fake.wait_for(lambda: len(env.fake.messages_in(CHAT, b)) == 1, timeout=10)
+    order = [m.thread_id for m in env.fake.sent if m.thread_id in (a, b)]
+    assert order.index(b) <= 2  # served in turn, not after the whole backlog of the first topic
