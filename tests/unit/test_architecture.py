@@ -3,23 +3,14 @@ topicbus but the core, and no adapter, storage, settings or logging library (sta
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.support.test_layout import imported_modules as imports
 
 CORE = Path(__file__).resolve().parents[2] / "app" / "core"
 # Outside the core: the adapters' libraries, storage, settings, logging, processes and sockets.
 FORBIDDEN_IN_CORE = ("aiohttp", "aiosqlite", "sqlite3", "telegram", "apscheduler", "httpx", "pydantic",
                      "pydantic_settings", "loguru", "socket", "subprocess", "prometheus_client")
-
-
-def imports(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
 
 
 def offending(names: set[str]) -> list[str]:
