@@ -46,6 +46,7 @@ import pytest
 from tests.e2e.harness import CHAT_ID, ECHO_AGENT, OWNER_ID, RECORDING_AGENT, Cluster, recorded_lines, register_frame
 from tests.e2e.hostile import RawWebSocket, flood_size, heartbeats, idle_connections, still_open
 from tests.fakebotapi import FakeBotApi
+from tests.support.waiting import wait_until
 
 FOLLOWERS = int(os.environ.get("TOPICBUS_CHAOS_FOLLOWERS", "4"))
 IDLE = int(os.environ.get("TOPICBUS_CHAOS_IDLE", "1100"))
@@ -81,6 +82,8 @@ class Prober:
         self.paused.set()  # set = running
         self._stop = False
         self._n = 0
+        self.in_flight = 0  # probes waiting for their echo
+        self.finished = 0  # probes answered or given up
 
     async def run(self) -> None:
         pending: list[asyncio.Task[None]] = []
@@ -93,6 +96,14 @@ class Prober:
         await asyncio.gather(*pending)
 
     async def _probe(self, text: str, thread: int) -> None:
+        self.in_flight += 1
+        try:
+            await self._echo(text, thread)
+        finally:
+            self.in_flight -= 1
+            self.finished += 1
+
+    async def _echo(self, text: str, thread: int) -> None:
         start = time.monotonic()
         self.cluster.fake.push_message(CHAT_ID, text, thread_id=thread, from_id=OWNER_ID)
         needle = f"echo: {text}"
@@ -350,7 +361,7 @@ async def test_hostile_and_stuck_clients_hold_up_no_one(cluster: Cluster, tmp_pa
         watch.stop()
         await watching
         prober.paused.clear()  # the leader restart below interrupts everyone by design
-        await asyncio.sleep(3)  # let the probes in flight finish (each waits for its echo)
+        await wait_until(lambda: prober.in_flight == 0, timeout=35, message="the probes in flight answered")
 
     victim, victim_thread = results[2]
     leader.kill(signal.SIGTERM)
@@ -364,7 +375,8 @@ async def test_hostile_and_stuck_clients_hold_up_no_one(cluster: Cluster, tmp_pa
     await cluster.wait_text(victim_thread, "echo: after the leader restart", timeout=30)
     figures["victimTopicOpenAfterLeaderRestart"] = not cluster.fake.topic(CHAT_ID, victim_thread).closed
     prober.paused.set()
-    await asyncio.sleep(5)
+    probed = prober.finished
+    await wait_until(lambda: prober.finished >= probed + 8, timeout=60, message="eight probes after the restart")
     prober.stop()
     await probing
 
