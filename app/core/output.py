@@ -15,7 +15,11 @@ payloads needed) and the topic's stream state:
 * **notifications**: the first message of a burst notifies when everything waiting fits in it;
   everything else of a stream is silent (edits never notify), and when the stream has been quiet for
   ``quiet_ms`` it ends with one short notifying message (:class:`Ping`), so a phone buzzes once per
-  answer, not once per line.
+  answer, not once per line;
+* a stream known to have **ended** (its follower left gracefully: ``follow`` handed over the
+  program's last output and its exit notice) sends what is left as one notifying message when it
+  fits in one, instead of a silent message (or edit) followed by a ping that would repeat its last
+  line.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class StreamState:
     owes_ping: bool = False  # something went out silently since the last notifying message
     last_line: str = ""
     live: LiveMessage | None = None
+    ending: bool = False  # the follower left: what is still queued is the end of the stream
 
 
 # --- plans -----------------------------------------------------------------------------------------
@@ -160,6 +165,8 @@ def plan(queue: Sequence[QueuedItem], stream: StreamState, now_ms: int, cfg: Out
     run = coalescible(queue)
     if cfg.file_threshold and _units(run) > cfg.file_threshold:
         return AsFile(tuple(fitting(run, cfg.max_file_units) or run[:1]))
+    if stream.ending and len(run) == len(queue) and len(fitting(run, cfg.max_message)) == len(run):
+        return NewMessage(tuple(run), notify=True)  # the last words: one message that notifies, no ping
     # A burst starts when this output came after the stream had been quiet (measured between outputs,
     # not sends: output waiting for its edit turn is still the same stream).
     burst_start = stream.last_output_ms is None or head.arrived_ms - stream.last_output_ms > cfg.quiet_ms
@@ -188,6 +195,7 @@ class TopicTurn:
         if arrived_ms is not None:
             s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
         s.owes_ping = not notify
+        s.ending = s.ending and not notify
         s.last_line = _last_line(raw) or s.last_line
         s.live = LiveMessage(message_id, fmt, raw, units, now_ms, now_ms) \
             if growable and message_id is not None else None
@@ -210,6 +218,11 @@ class TopicTurn:
         s.live = None
         s.last_output_ms = None
         s.owes_ping = False
+        s.ending = False
+
+    def follower_left(self) -> None:
+        """The follower left gracefully: what is queued now is the end of its stream."""
+        self.stream.ending = True
 
     def pinged(self, now_ms: int) -> None:
         s = self.stream

@@ -44,6 +44,7 @@ class FollowerDesk:
 
     async def disconnect(self, req: FollowerRequest) -> dict[str, Any]:
         entry = self._registrations.registered(req)
+        self._router.stream_ends(entry)
         try:
             await self._departures.disconnect(entry, lambda: self._registrations.registered(req))
         except CleanupUnconfirmed as exc:

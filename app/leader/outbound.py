@@ -125,6 +125,11 @@ class OutboundScheduler:
             topic.turn.owner_spoke()
             self._wake.set()  # plan again; the outbox did not change, so nothing is read again
 
+    def stream_ends(self, chat_id: int, thread_id: int | None) -> None:
+        """The topic's follower left gracefully: see :meth:`TopicTurn.follower_left`."""
+        self._topics.setdefault((chat_id, thread_id), TopicOutput()).turn.follower_left()
+        self.wake(chat_id, thread_id)
+
     def backlog(self) -> dict[TopicKey, tuple[int, int]]:
         """(items, UTF-16 units) waiting per topic, as last read."""
         return {key: (t.items, t.units) for key, t in self._topics.items() if t.items}

@@ -319,6 +319,12 @@ class Router:
         self._outbound.wake(target.chat_id, target.thread_id)
         return {"outboxId": outbox_id}
 
+    def stream_ends(self, entry: FollowerRecord) -> None:
+        """The follower leaves gracefully: its queued output is the end of its stream, sent as one
+        notifying message where it fits (``core/output``)."""
+        if entry.target is not None:
+            self._outbound.stream_ends(entry.target.chat_id, entry.target.thread_id)
+
     async def _check_backlog(self, binding_key: str, size: int) -> None:
         """The in-memory count only ever over-estimates (sent rows are not subtracted); when it says
         "full", the store says whether that is still true."""

@@ -154,3 +154,19 @@ async def test_interrupt_colours_and_progress_through_the_leader(cluster: Cluste
     shown = "\n".join(cluster.fake.visible_lines(CHAT_ID, thread))
     assert "READY" in shown and not any(ch in shown for ch in "\x1b\r\b")
     assert [line.strip() for line in shown.splitlines() if "%" in line] == ["[##########] 100%"]
+
+
+async def test_a_program_that_ends_by_itself_ends_its_topic_with_one_notifying_notice(cluster: Cluster, tmp_path):
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    work = tmp_path / "job"
+    script = "import time\nfor i in range(3):\n    print(f'step {i}', flush=True)\n    time.sleep(0.3)\n"
+    follower = await cluster.start_follower(work, script=script, TOPICBUS_THREAD_CLEANUP="false")
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    assert await follower.wait() == 0
+    await cluster.wait_text(thread, "⏹ exited with code 0 after ")
+    # The stream's last words (here: the exit notice, right after the output) notify by themselves:
+    # no silent message followed by a "✓ ⏹ exited …" line that repeats it.
+    [notice] = [m for m in cluster.fake.messages_in(CHAT_ID, thread) if (m.text or "").startswith("⏹ exited")]
+    assert notice.silent is False
+    assert "step 2" in "\n".join(cluster.texts_in(thread))

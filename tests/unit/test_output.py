@@ -99,3 +99,24 @@ def test_after_the_owner_spoke_output_starts_a_new_notifying_message_below_and_n
     assert plan([text(1, arrived_ms=9_500)], turn.stream, 10_000, CFG) == NewMessage(
         (text(1, arrived_ms=9_500),), notify=True)
     assert plan([], turn.stream, 60_000, CFG) == Idle()
+
+
+def test_the_end_of_a_stream_goes_as_one_notifying_message_and_owes_no_ping() -> None:
+    # Mid-stream (a live message to grow, the burst going on), then the follower leaves: what is left
+    # goes as one notifying message, not an edit or a silent message followed by a ping repeating it.
+    live = streaming(last_output_ms=9_000, started_ms=8_000, last_edit_ms=0)
+    exit_notice = text(3, 30, fmt="plain", arrived_ms=9_500)
+    assert plan([text(1), text(2)], live, 10_000, CFG) == Extend((text(1), text(2)))
+    turn = TopicTurn(live)
+    turn.follower_left()
+    assert plan([text(1), text(2)], turn.stream, 10_000, CFG) == NewMessage((text(1), text(2)), notify=True)
+    # A run of another format first goes as usual; the last one then notifies.
+    assert plan([text(1), exit_notice], turn.stream, 10_000, CFG) == Extend((text(1),))
+    assert plan([exit_notice], turn.stream, 10_000, CFG) == NewMessage((exit_notice,), notify=True)
+    turn.sent_message(10_000, notify=True, message_id=9, fmt="plain", raw="⏹ exited", units=8, growable=True)
+    assert not turn.stream.owes_ping and not turn.stream.ending
+    assert plan([], turn.stream, 60_000, CFG) == Idle()  # no "✓" line afterwards
+    # What does not fit in one message is packed as usual (silent), the rest waits for its turn.
+    turn.follower_left()
+    long = [text(i, 60, arrived_ms=9_900) for i in range(1, 4)]
+    assert plan(long, turn.stream, 10_000, CFG) == NewMessage((long[0],), notify=False)
