@@ -63,9 +63,9 @@ NEVER_READ_CHARS = 400
 SETTLE_S = 120.0
 
 NEVER_READS = textwrap.dedent("""
-    import time
+    import signal
     print("agent ready", flush=True)
-    time.sleep(3600)
+    signal.pause()  # never reads its stdin; waits to be killed
 """)
 
 
