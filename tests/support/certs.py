@@ -1,41 +1,30 @@
-"""A self-signed certificate for TLS tests (the ``cryptography`` package, a test dependency)."""
+"""Self-signed certificates for the TLS tests: fixed files in ``tests/support/tls/``.
+
+``bus`` and ``other`` are two unrelated self-signed certificates for ``127.0.0.1`` and ``localhost``
+(EC P-256, valid for 100 years from 2026-12-01), made once with::
+
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 36500 \\
+        -keyout NAME.key -out NAME.crt -subj /CN=127.0.0.1 \\
+        -addext subjectAltName=IP:127.0.0.1,DNS:localhost -addext basicConstraints=critical,CA:TRUE
+
+Their keys protect nothing but these tests. Fixed files keep ``cryptography`` out of the test
+extras: PTB imports it whenever it is installed, which made the leader's memory figures in
+``bench/`` larger than in a production install (docs/performance.md).
+"""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
+import shutil
 from pathlib import Path
 
+_FIXTURES = Path(__file__).with_name("tls")
 
-def self_signed(directory: Path, *, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
-                name: str = "bus") -> tuple[Path, Path]:
-    """Write ``NAME.crt`` and ``NAME.key`` (PEM) into ``directory``: a certificate for ``hosts``
-    (IP addresses and DNS names), valid from a day ago for a week. Returns (certificate, key)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
-    alternatives: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            alternatives.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            alternatives.append(x509.DNSName(host))
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (
-        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=7))
-        .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+def self_signed(directory: Path, *, name: str = "bus") -> tuple[Path, Path]:
+    """Copy ``NAME.crt`` and ``NAME.key`` (PEM; ``name`` is ``bus`` or ``other``) into ``directory``,
+    the key with mode 0600. Returns (certificate, key)."""
     cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    shutil.copyfile(_FIXTURES / f"{name}.crt", cert_path)
+    shutil.copyfile(_FIXTURES / f"{name}.key", key_path)
     key_path.chmod(0o600)
     return cert_path, key_path
