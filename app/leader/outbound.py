@@ -78,6 +78,7 @@ class OutboundScheduler:
         self._dirty: set[TopicKey] = set()
         self._rescan = True
         self._wake = asyncio.Event()
+        self._call_waiting = asyncio.Event()  # ends the output debounce: a call never waits for it
         self._task: asyncio.Task[None] | None = None
         self._served = itertools.count(1)
         self._seq = itertools.count()
@@ -115,6 +116,7 @@ class OutboundScheduler:
         self._calls.append(_Call(priority, (chat_id, thread_id), spends, fn, future,
                                  time.monotonic() + deadline_s, next(self._seq)))
         self._wake.set()
+        self._call_waiting.set()
         return await future
 
     # --- views --------------------------------------------------------------------------------------
@@ -193,8 +195,18 @@ class OutboundScheduler:
                     await self._wake.wait()
             except TimeoutError:
                 continue
-            if not self._calls:  # a call (a topic to create, a press to answer) goes at once
-                await asyncio.sleep(WAKE_DEBOUNCE_S)  # output: let a burst of sends land before planning
+            if not self._calls:
+                await self._debounce()
+
+    async def _debounce(self) -> None:
+        """Output: let a burst of sends land before planning. A call (a topic to create or delete, a
+        press to answer) goes at once, also when it arrives during this pause: it ends the pause."""
+        self._call_waiting.clear()
+        try:
+            async with asyncio.timeout(WAKE_DEBOUNCE_S):
+                await self._call_waiting.wait()
+        except TimeoutError:
+            pass
 
     async def _refresh(self) -> None:
         if self._rescan:

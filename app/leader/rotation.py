@@ -200,21 +200,28 @@ class SlotRotation:
 
     async def _observe(self, authority: Authority, prepare: bool, intents: list[RetirementIntent],
                        fence: Fence | None, issued: bool, outcome: Any) -> RetirementState:
+        read: dict[str, Binding | None] = {}  # each binding read once per observation (fence and intent share it)
+
+        async def binding(key: str) -> Binding | None:
+            if key not in read:
+                read[key] = await self._bindings.get(key)
+            return read[key]
+
         fence_view = None
         if fence is not None:
             fence_view = FenceView(intent_id=fence.retirement_intent_id, owner=fence.owner, phase=fence.phase,
-                                   binding_exists=await self._bindings.get(fence.binding_key) is not None)
+                                   binding_exists=await binding(fence.binding_key) is not None)
         views = []
         for intent in intents:
-            current = await self._bindings.get(intent.binding_key)
+            current = await binding(intent.binding_key)
             unchanged = current == intent.binding
             needs_eligibility = len(intents) == 1 and unchanged and (fence is None or fence.phase == "fenced")
             views.append(IntentView(id=intent.id, epoch=intent.leader_epoch, binding_exists=current is not None,
                                     binding_unchanged=unchanged,
-                                    eligible=needs_eligibility and await self._eligible(intent)))
+                                    eligible=needs_eligibility and await self._eligible(intent, intents, fence)))
         plan = None
         if not intents and prepare:
-            snapshot, _ = await self._snapshot(exclude_intent=None)
+            snapshot, _ = await self._snapshot(None, intents, fence)
             plan = snapshot.plan(self._term.now_ms())
         return RetirementState(owner=self._admission.owner, epoch=authority.epoch, prepare=prepare,
                                term_current=self._term.is_current(authority), intents=tuple(views), fence=fence_view,
@@ -273,12 +280,13 @@ class SlotRotation:
         return _about(cancelled, fence.slot, fence.binding_key) if cancelled.kind == "cancelled" else cancelled
 
     # --- occupancy ---------------------------------------------------------------------------------
-    async def _eligible(self, intent: RetirementIntent) -> bool:
-        snapshot, _ = await self._snapshot(exclude_intent=intent.id)
+    async def _eligible(self, intent: RetirementIntent, intents: list[RetirementIntent], fence: Fence | None) -> bool:
+        snapshot, _ = await self._snapshot(intent.id, intents, fence)
         candidate = next((c for c in snapshot.candidates if c.binding_key == intent.binding_key), None)
         return candidate is not None and candidate.protection is Protection.ELIGIBLE
 
-    async def _snapshot(self, exclude_intent: str | None):
+    async def _snapshot(self, exclude_intent: str | None, intents: list[RetirementIntent], fence: Fence | None):
+        """Occupancy now; ``intents`` and ``fence`` as the caller has just read them (not read twice)."""
         bindings = {b.binding_key: b for b in await self._bindings.all()}
         owners = {o.binding_key for o in await self._bindings.owners()}
         live_keys = {f.binding_key for f in self._roster.followers() if f.binding_key}
@@ -286,7 +294,7 @@ class SlotRotation:
                    or b.kind == "leader"]
         cleanups = await self._cleanups.all()
         cleanup_keys = {c.binding_key for c in cleanups}
-        intents = [i for i in await self._intents.all() if i.id != exclude_intent]
+        others = [i for i in intents if i.id != exclude_intent]
         queued = await self._journal.count_pending()
         outbox_keys = await self._outbox.pending_binding_keys()
         local = LocalOccupancy(
@@ -294,8 +302,8 @@ class SlotRotation:
             current_slots={b.slot for b in current if b.slot},
             pending_cleanup_targets={Target(c.chat_id, c.thread_id) for c in cleanups},
             pending_cleanup_slots={b.slot for b in bindings.values() if b.binding_key in cleanup_keys and b.slot},
-            retirement_binding_keys={i.binding_key for i in intents},
-            retirement_slots={i.slot for i in intents},
+            retirement_binding_keys={i.binding_key for i in others},
+            retirement_slots={i.slot for i in others},
         )
 
         def external(ob: OccupancyBinding) -> ExternalEvidence:
@@ -305,7 +313,6 @@ class SlotRotation:
             route = Evidence.PROTECTED if self._roster.hub.is_online(key) else Evidence.CLEAR
             return ExternalEvidence(live_owner=owner, accepted_work=work, delivery_authority=route)
 
-        fence = await self._admission.fence()
         snapshot = capture_occupancy(
             [OccupancyBinding(b.binding_key, b.slot, _target(b), b.inactive_since_ms) for b in bindings.values()],
             local, external, self._term.now_ms(), [fence.slot] if fence else [])
@@ -313,10 +320,11 @@ class SlotRotation:
 
     async def occupancy(self) -> dict[str, Any]:
         """For status: slots in use, inactive bindings in rotation order, and the fence."""
-        snapshot, bindings = await self._snapshot(exclude_intent=None)
+        intents = await self._intents.all()
+        fence = await self._admission.fence()
+        snapshot, bindings = await self._snapshot(None, intents, fence)
         order = sorted((c for c in snapshot.candidates if c.inactive_since_ms is not None),
                        key=lambda c: (c.inactive_since_ms, c.slot))
-        fence = await self._admission.fence()
         return {
             "slotsUsed": sum(1 for b in bindings.values() if b.slot),
             "slotsFree": 26 - sum(1 for b in bindings.values() if b.slot),
@@ -324,7 +332,7 @@ class SlotRotation:
                                "protection": str(c.protection)} for c in order],
             "fence": None if fence is None else {"slot": fence.slot, "phase": fence.phase,
                                                  "threadId": fence.thread_id},
-            "intents": [{"slot": i.slot, "bindingKey": i.binding_key} for i in await self._intents.all()],
+            "intents": [{"slot": i.slot, "bindingKey": i.binding_key} for i in intents],
             "retired": self.retired,
         }
 

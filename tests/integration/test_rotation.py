@@ -6,9 +6,12 @@ with cleanup off (preserved: detached, inactive). A new workspace then needs a s
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from topicbus.protocol import ErrorCode
+from topicbus.leader import outbound
 from topicbus.leader.rotation import SimulatedCrash
 from topicbus.storage.retirement import RetirementRepository
 from tests.integration.leader_env import CHAT, LeaderEnv
@@ -61,6 +64,33 @@ async def test_case12_17_full_capacity_rotates_the_longest_inactive_binding_once
     # a non-victim comes back and gets its own topic (no capacity needed)
     back = await env.register("old05-again", cwd="/old/05", pid=6000)
     assert back["threadId"] == olds[5]["threadId"] and len(deletes(env)) == 1
+
+
+def pausing_for_output(env: LeaderEnv) -> bool:
+    """The outbound scheduler's task is suspended in its pause that lets a burst of output land."""
+    task = env.services.outbound._task
+    coro = task.get_coro() if task is not None else None
+    while coro is not None and hasattr(coro, "cr_code"):
+        if coro.cr_code.co_name in ("_debounce", "sleep"):  # "sleep": the pause before it could be ended
+            return True
+        coro = coro.cr_await
+    return False
+
+
+async def test_rotation_calls_do_not_wait_for_the_schedulers_output_pause(off: LeaderEnv, monkeypatch):
+    """A follower leaving wakes the scheduler for its topic's output, and it pauses to let a burst
+    land; the registration that then rotates (deleteForumTopic, createForumTopic) goes at once."""
+    env = off
+    await env.start()
+    olds = await fill(env)
+    monkeypatch.setattr(outbound, "WAKE_DEBOUNCE_S", 60.0)  # a pause no registration could wait out
+    env.services.outbound.wake(CHAT, olds[3]["threadId"])  # the outbox changed, as on a graceful exit
+    await env.fake.wait_for(lambda: pausing_for_output(env), message="the scheduler pausing for output")
+    env.fake.reset_calls()
+    async with asyncio.timeout(10):
+        new = await env.register("newcomer", cwd="/new/work", pid=5000)
+    assert [c.params["message_thread_id"] for c in deletes(env)] == [olds[0]["threadId"]]
+    assert new["slot"] == olds[0]["slot"] and len(env.calls("createForumTopic")) == 1
 
 
 async def test_case12_all_protected_is_a_clear_refusal_with_nothing_deleted(env: LeaderEnv):
