@@ -33,6 +33,31 @@ def test_a_failing_migration_rolls_back_whole(tmp_path):
     assert [r[1] for r in conn.execute("PRAGMA table_info(a)")] == ["x"]
 
 
+def test_pending_migrations_apply_together_or_not_at_all(tmp_path):
+    conn = sqlite3.connect(tmp_path / "x.sqlite3", isolation_level=None)
+    first = Migration(1, "001_a.sql", "-- a table\nCREATE TABLE a (x INTEGER);\n")
+    trigger = Migration(2, "002_t.sql", """CREATE TABLE log (x INTEGER);
+CREATE TRIGGER a_logged AFTER INSERT ON a BEGIN
+    INSERT INTO log VALUES (new.x);
+END;
+""")
+    bad = Migration(3, "003_b.sql", "INSERT INTO nowhere VALUES (1);")
+    with pytest.raises(MigrationError, match="003_b.sql"):
+        apply_migrations(conn, [first, trigger, bad])
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert conn.execute("SELECT COUNT(*) FROM sqlite_schema").fetchone()[0] == 0
+    assert apply_migrations(conn, [first, trigger]) == 2
+    conn.execute("INSERT INTO a VALUES (7)")
+    assert conn.execute("SELECT x FROM log").fetchall() == [(7,)]  # the trigger's body stayed whole
+
+
+def test_a_migration_with_an_unterminated_statement_is_refused(tmp_path):
+    conn = sqlite3.connect(tmp_path / "x.sqlite3", isolation_level=None)
+    with pytest.raises(MigrationError, match="unterminated"):
+        apply_migrations(conn, [Migration(1, "001_a.sql", "CREATE TABLE a (x INTEGER)")])
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 0 and not conn.in_transaction
+
+
 def test_a_database_newer_than_the_code_is_refused(tmp_path):
     conn = sqlite3.connect(tmp_path / "x.sqlite3", isolation_level=None)
     conn.execute("PRAGMA user_version = 99")
