@@ -18,6 +18,7 @@ reserve is always there and never wasted.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -62,17 +63,21 @@ class ChatBudget:
         self.retry_after_hits = 0
 
     # --- questions --------------------------------------------------------------------------------
-    def ready_at(self, now: float, priority: Priority, *, spends: bool = True) -> float:
-        """The earliest time a call of ``priority`` may go (``now`` or later)."""
+    def ready_at(self, now: float, priority: Priority, *, spends: bool = True,
+                 pending: Sequence[float] = ()) -> float:
+        """The earliest time a call of ``priority`` may go (``now`` or later). ``pending``: when spends
+        not counted yet began (work in progress that will spend), taken as spends made then."""
         cfg = self.config
         at = max(now, self._paused_until)
-        if self._last_call is not None and cfg.overall_per_second > 0:
-            at = max(at, self._last_call + 1.0 / cfg.overall_per_second)
+        last_call = max((t for t in (self._last_call, *pending) if t is not None), default=None)
+        if last_call is not None and cfg.overall_per_second > 0:
+            at = max(at, last_call + 1.0 / cfg.overall_per_second)
         if not spends:
             return at
-        if self._last_spend is not None and cfg.per_second > 0:
-            at = max(at, self._last_spend + 1.0 / cfg.per_second)
-        return max(at, self._window_ready(now, priority))
+        last_spend = max((t for t in (self._last_spend, *pending) if t is not None), default=None)
+        if last_spend is not None and cfg.per_second > 0:
+            at = max(at, last_spend + 1.0 / cfg.per_second)
+        return max(at, self._window_ready(now, priority, len(pending)))
 
     def used(self, now: float) -> int:
         """Spends in the current window."""
@@ -101,8 +106,9 @@ class ChatBudget:
         self.retry_after_hits += 1
         self._paused_until = max(self._paused_until, now + max(0.0, seconds))
 
-    def _window_ready(self, now: float, priority: Priority) -> float:
-        """When the sliding window has room for one more spend of ``priority`` (``now`` if it has)."""
+    def _window_ready(self, now: float, priority: Priority, pending: int = 0) -> float:
+        """When the sliding window has room for one more spend of ``priority`` (``now`` if it has), with
+        ``pending`` spends still to be counted; infinity while only those can make room."""
         cfg = self.config
         if cfg.per_minute is None:
             return now
@@ -113,10 +119,13 @@ class ChatBudget:
             limit -= max(0, cfg.reserve - reserved_spent)
         if limit <= 0:
             return float("inf")
-        if len(self._spends) < limit:
+        used = len(self._spends) + pending
+        if used < limit:
             return now
+        if used - limit >= len(self._spends):
+            return float("inf")
         # Ready when enough old spends have left the window for one more of this class.
-        return self._spends[len(self._spends) - limit][0] + cfg.window_s
+        return self._spends[used - limit][0] + cfg.window_s
 
     def _expire(self, now: float) -> None:
         horizon = now - self.config.window_s

@@ -13,6 +13,14 @@ It spends :class:`~topicbus.core.budget.ChatBudget` by priority (control answers
 answers to buttons and prompts, then output, then title edits), topics in turn (least recently
 served first), and pauses the whole chat for what ``RetryAfter`` says. Order inside a topic never
 changes. It replaces PTB's ``AIORateLimiter`` (docs/operations.md, "The outbound budget").
+
+Telegram calls go out one at a time, each checked against the budget when it goes and counted when
+its answer came, as ever. What surrounds an output call — reading the payloads, settling the rows in
+SQLite, reading the topic's heads again — runs as a *step* of its own task, so up to
+``STEPS_IN_FLIGHT`` topics (each at most one step, so order inside a topic holds) are prepared and
+settled while another topic's call is on the wire. A step's calls wait for the wire with their
+priority like every other call; a step begins only when the budget would allow its call even if
+every step in progress had already spent when it began.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from topicbus.storage.outbox import OutboxRepository
 CALL_DEADLINE_S = 60.0
 ANSWER_DEADLINE_S = 10.0  # Telegram lets a button press be answered for a few seconds only
 WAKE_DEBOUNCE_S = 0.02
+STEPS_IN_FLIGHT = 4  # topics with a step in progress at once (each topic at most one)
 SKIPPED = "skipped under pressure"
 
 
@@ -59,6 +68,7 @@ class _Call:
     future: asyncio.Future[CallResult]
     deadline: float
     seq: int
+    output: bool = False  # a call of an output step: tried once, its outcome settled by the step
 
 
 class OutboundScheduler:
@@ -70,7 +80,7 @@ class OutboundScheduler:
         self.options = options
         self.budget = ChatBudget(options.budget)
         self._output = options.output
-        self._sender = OutputSender(term, gateway, self.budget, options.output, wake=self.wake,
+        self._sender = OutputSender(term, gateway, self._output_call, options.output, wake=self.wake,
                                     on_topic_gone=on_topic_gone, keyboards=keyboards)
         self.stats = self._sender.stats
         self._topics: dict[TopicKey, TopicOutput] = {}
@@ -80,6 +90,10 @@ class OutboundScheduler:
         self._wake = asyncio.Event()
         self._call_waiting = asyncio.Event()  # ends the output debounce: a call never waits for it
         self._task: asyncio.Task[None] | None = None
+        self._calling: asyncio.Task[None] | None = None  # the one Telegram call on the wire
+        self._steps: dict[TopicKey, asyncio.Task[None]] = {}  # the steps in progress, one per topic at most
+        self._spending_since: dict[TopicKey, float] = {}  # when each spending step in progress began
+        self._hurry = False  # a call or a step ended: plan again without the debounce
         self._served = itertools.count(1)
         self._seq = itertools.count()
 
@@ -89,10 +103,13 @@ class OutboundScheduler:
             self._task = asyncio.create_task(self._run(), name="outbound-scheduler")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        tasks = [t for t in (self._task, self._calling, *self._steps.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = self._calling = None
+        self._steps.clear()
+        self._spending_since.clear()
         while self._calls:
             call = self._calls.popleft()
             if not call.future.done():
@@ -117,6 +134,14 @@ class OutboundScheduler:
                                  time.monotonic() + deadline_s, next(self._seq)))
         self._wake.set()
         self._call_waiting.set()
+        return await future
+
+    async def _output_call(self, priority: Priority, key: TopicKey, spends: bool,
+                           fn: Callable[[], Awaitable[CallResult]]) -> CallResult:
+        """A call of an output step, on the wire in its turn; its outcome goes back to the step."""
+        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        self._calls.append(_Call(priority, key, spends, fn, future, float("inf"), next(self._seq), output=True))
+        self._wake.set()
         return await future
 
     # --- views --------------------------------------------------------------------------------------
@@ -180,7 +205,7 @@ class OutboundScheduler:
                 now = time.monotonic()
                 chosen, next_at = self._choose(now)
                 if chosen is not None:
-                    await self._execute(chosen, now)
+                    self._dispatch(chosen, now)
                     continue
             except asyncio.CancelledError:
                 raise
@@ -195,8 +220,11 @@ class OutboundScheduler:
                     await self._wake.wait()
             except TimeoutError:
                 continue
-            if not self._calls:
+            # A call (a topic to create, a press to answer) goes at once, and so does the next step once
+            # one ended or while steps are in progress; new output alone: let a burst of sends land first.
+            if not (self._calls or self._hurry or self._steps or self._calling):
                 await self._debounce()
+            self._hurry = False
 
     async def _debounce(self) -> None:
         """Output: let a burst of sends land before planning. A call (a topic to create or delete, a
@@ -214,7 +242,9 @@ class OutboundScheduler:
             backlog = {(b.chat_id, b.thread_id): b for b in await self._repo.topics()}
             for key in backlog.keys() | self._topics.keys():
                 self._dirty.add(key)
-        dirty, self._dirty = self._dirty, set()
+        # A topic with a step in progress is read once that step ended (it cannot be chosen before).
+        dirty = {key for key in self._dirty if key not in self._steps}
+        self._dirty -= dirty
         for key in dirty:
             topic = self._topics.setdefault(key, TopicOutput())
             topic.heads = self._sender.stamped(await self._repo.heads(key[0], key[1], HEADS))
@@ -238,6 +268,8 @@ class OutboundScheduler:
                 self._calls.remove(call)
                 call.future.set_result(CallResult(Outcome.REJECTED, SKIPPED))
                 continue
+            if self._calling is not None:
+                continue  # one call on the wire at a time; the loop is woken when it ends
             ready = self.budget.ready_at(now, call.priority, spends=call.spends)
             if ready > now:
                 next_at = min(next_at, ready)
@@ -246,7 +278,11 @@ class OutboundScheduler:
             if best is None or rank < best[0]:
                 best = (rank, call)
         now_ms = int(now * 1000)
+        full = len(self._steps) >= STEPS_IN_FLIGHT
+        pending = tuple(self._spending_since.values())
         for key, topic in self._topics.items():
+            if full or key in self._steps or key in self._dirty:
+                continue  # a step in progress, or heads to read again first (its last step changed them)
             step = plan(topic.heads, topic.turn.stream, now_ms, self._output)
             if isinstance(step, Idle):
                 continue
@@ -254,7 +290,7 @@ class OutboundScheduler:
                 next_at = min(next_at, step.until_ms / 1000)
                 continue
             priority, spends = self._cost(step)
-            ready = max(topic.paused_until, self.budget.ready_at(now, priority, spends=spends))
+            ready = max(topic.paused_until, self.budget.ready_at(now, priority, spends=spends, pending=pending))
             if ready > now:
                 next_at = min(next_at, ready)
                 continue
@@ -277,27 +313,51 @@ class OutboundScheduler:
         return priority, spends
 
     # --- doing it -----------------------------------------------------------------------------------
-    async def _execute(self, chosen: Any, now: float) -> None:
+    def _dispatch(self, chosen: Any, now: float) -> None:
         if isinstance(chosen, _Call):
-            await self._execute_call(chosen, now)
+            self._calls.remove(chosen)
+            self._calling = asyncio.create_task(self._execute_call(chosen), name="outbound-call")
             return
         key, topic, step = chosen
         topic.served = next(self._served)
-        await self._sender.execute(key, topic, step, now)
+        if self._cost(step)[1]:
+            self._spending_since[key] = now
+        self._steps[key] = asyncio.create_task(self._step(key, topic, step, now), name="outbound-step")
 
-    async def _execute_call(self, call: _Call, now: float) -> None:
-        self._calls.remove(call)
-        if call.key in self._topics:
+    async def _step(self, key: TopicKey, topic: TopicOutput, step: Step, now: float) -> None:
+        try:
+            await self._sender.execute(key, topic, step, now)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the scheduler must outlive any one failure
+            self._term.events.record(exc, phase="outbound-scheduler", level="ERROR")
+            topic.paused_until = max(topic.paused_until, time.monotonic() + 1.0)
+        finally:
+            self._steps.pop(key, None)
+            self._spending_since.pop(key, None)
+            self._dirty.add(key)  # read its heads again before its next step
+            self._hurry = True
+            self._wake.set()
+
+    async def _execute_call(self, call: _Call) -> None:
+        if not call.output and call.key in self._topics:
             self._topics[call.key].served = next(self._served)
         try:
             result = await call.fn()
+        except asyncio.CancelledError:
+            if not call.future.done():
+                call.future.set_result(CallResult(Outcome.AMBIGUOUS, "leader stopping"))
+            raise
         except Exception as exc:  # noqa: BLE001 - a gateway never raises; this is a bug guard
             result = CallResult(Outcome.AMBIGUOUS, type(exc).__name__)
         finally:
             self.budget.record(time.monotonic(), spends=call.spends, priority=call.priority)
+            self._calling = None
+            self._hurry = True
+            self._wake.set()
         if result.outcome is Outcome.RETRY_AFTER:
-            self.budget.pause(time.monotonic(), result.retry_after_s)
-            if time.monotonic() + result.retry_after_s < call.deadline:
+            self.budget.pause(time.monotonic(), result.retry_after_s)  # before any other call goes
+            if not call.output and time.monotonic() + result.retry_after_s < call.deadline:
                 self._calls.appendleft(call)
                 return
         if not call.future.done():

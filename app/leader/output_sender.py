@@ -4,7 +4,9 @@ document), the keyboard it carries (``leader/keyboards``), and how the outcome s
 covers.
 
 :class:`~topicbus.leader.outbound.OutboundScheduler` decides *when* and *which* topic; this module does
-the step it chose. Every call here is counted on the chat's budget when its answer came.
+the step it chose, as a task of its own (one per topic at most). Every call here goes through the
+scheduler (``call``): one call on the wire at a time, checked against the chat's budget when it goes,
+counted when its answer came, and a ``RetryAfter`` pauses the chat before any other call goes.
 
 Inline keyboards: a follower's buttons go under its message; while an agent prints, its silent stream
 messages, its live message (at each edit) and its output files carry the Interrupt button. Both ride on
@@ -27,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
-from topicbus.core.budget import ChatBudget, Priority
+from topicbus.core.budget import Priority
 from topicbus.core.formatting import MAX_CAPTION, Rendered, as_plain, render, split, tail, utf16_len
 from topicbus.core.output import (AsFile, Extend, NewMessage, OutputConfig, Ping, QueuedItem, Single, TopicTurn,
                                   coalescible, fitting)
@@ -44,6 +46,8 @@ FILE_HEADS = 8192  # the rows read when a run goes out as a file (it may reach b
 MAX_BACKOFF_S = 30.0
 GONE_PAUSE_S = 30.0
 Step = Single | NewMessage | Extend | AsFile | Ping
+# The scheduler's wire: (priority, topic, spends, the call) -> its result, once the budget allowed it.
+Call = Callable[[Priority, TopicKey, bool, Callable[[], Awaitable[CallResult]]], Awaitable[CallResult]]
 
 
 @dataclass
@@ -71,13 +75,13 @@ class OutboundStats:
 
 
 class OutputSender:
-    def __init__(self, term: LeaderTerm, gateway: TelegramGateway, budget: ChatBudget, output: OutputConfig, *,
+    def __init__(self, term: LeaderTerm, gateway: TelegramGateway, call: Call, output: OutputConfig, *,
                  wake: Callable[[int, int | None], None],
                  on_topic_gone: Callable[[int, int], Awaitable[object]] | None = None,
                  keyboards: Keyboards | None = None):
         self._term = term
         self._gateway = gateway
-        self._budget = budget
+        self._call = call
         self._output = output
         self._wake = wake
         self._on_topic_gone = on_topic_gone
@@ -104,29 +108,27 @@ class OutputSender:
         elif isinstance(step, AsFile):
             await self._as_file(key, topic, step, now)
 
-    async def _send(self, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]],
+    async def _send(self, key: TopicKey, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]],
                     priority: Priority = Priority.OUTPUT) -> CallResult:
-        """One call; it is counted when its answer came (so the count never runs ahead of Telegram's)."""
-        try:
-            return await coro_fn()
-        finally:
-            self._budget.record(time.monotonic(), spends=spends, priority=priority)
+        """One call, through the scheduler's wire; it is counted when its answer came (so the count never
+        runs ahead of Telegram's), and a RetryAfter has paused the chat by the time it returns."""
+        return await self._call(priority, key, spends, coro_fn)
 
     async def _single(self, key: TopicKey, topic: TopicOutput, item: QueuedItem, now: float) -> None:
         payload = (await self._repo.payloads([item.id])).get(item.id, {})
         chat, thread = key
         if item.kind == "chatAction":
-            result = await self._send(False, lambda: self._gateway.send_chat_action(chat, thread, payload["action"]),
+            result = await self._send(key, False, lambda: self._gateway.send_chat_action(chat, thread, payload["action"]),
                                       item.priority)
         else:
             data = base64.b64decode(payload.get("dataBase64", ""), validate=False)
             caption = render(payload["caption"], None) if payload.get("caption") else None
             send = self._gateway.send_photo if item.kind == "photo" else self._gateway.send_document
-            result = await self._send(True, lambda: send(chat, thread, payload.get("fileName", "file"), data, caption),
+            result = await self._send(key, True, lambda: send(chat, thread, payload.get("fileName", "file"), data, caption),
                                       item.priority)
             if result.outcome is Outcome.REJECTED and item.kind == "photo":
                 # Telegram would not take it as a photo (size, dimensions): the same bytes as a file.
-                result = await self._send(True, lambda: self._gateway.send_document(
+                result = await self._send(key, True, lambda: self._gateway.send_document(
                     chat, thread, payload.get("fileName", "file"), data, caption), item.priority)
         if await self._settle(key, topic, (item,), result):
             if item.kind != "chatAction":
@@ -199,11 +201,11 @@ class OutputSender:
     async def _send_text(self, key: TopicKey, message: Rendered, raw: str, *, silent: bool,
                          markup: Any = None, priority: Priority = Priority.OUTPUT) -> CallResult:
         chat, thread = key
-        result = await self._send(True, lambda: self._gateway.send_message(chat, thread, message, silent=silent,
+        result = await self._send(key, True, lambda: self._gateway.send_message(chat, thread, message, silent=silent,
                                                                             buttons=markup), priority)
         if result.outcome is Outcome.REJECTED and message.parse_mode and "parse" in result.message.lower():
             # HTML Telegram cannot parse: the source as plain text, once.
-            result = await self._send(True, lambda: self._gateway.send_message(chat, thread, as_plain(raw),
+            result = await self._send(key, True, lambda: self._gateway.send_message(chat, thread, as_plain(raw),
                                                                                 silent=silent, buttons=markup),
                                       priority)
         return result
@@ -220,7 +222,7 @@ class OutputSender:
         chat = key[0]
         keyboard = await self._growing_keyboard(key, live.message_id, step.items[-1].id)
         markup = keys(keyboard) if keyboard is not None else None
-        result = await self._send(True, lambda: self._gateway.edit_message(chat, live.message_id, rendered,
+        result = await self._send(key, True, lambda: self._gateway.edit_message(chat, live.message_id, rendered,
                                                                             buttons=markup))
         if result.outcome is Outcome.REJECTED:
             # The message cannot be edited (deleted, too old), or the joined text does not parse (HTML):
@@ -258,7 +260,7 @@ class OutputSender:
         chat, thread = key
         keyboard = await self._keyboard(key, items[0].id, items[-1].id, None, printing=True)
         markup = keys(keyboard) if keyboard is not None else None
-        result = await self._send(True, lambda: self._gateway.send_document(
+        result = await self._send(key, True, lambda: self._gateway.send_document(
             chat, thread, f"output-{stamp}.txt", raw.encode("utf-8", "surrogatepass"), caption, silent=True,
             buttons=markup))
         message_id = result.value if isinstance(result.value, int) else None
@@ -272,10 +274,9 @@ class OutputSender:
 
     async def _ping(self, key: TopicKey, topic: TopicOutput, now: float) -> None:
         text = topic.turn.ping_text()
-        result = await self._send(True, lambda: self._gateway.send_message(key[0], key[1], Rendered(text)))
+        result = await self._send(key, True, lambda: self._gateway.send_message(key[0], key[1], Rendered(text)))
         if result.outcome is Outcome.RETRY_AFTER:
-            self._budget.pause(time.monotonic(), result.retry_after_s)
-            return
+            return  # the chat is paused already (the scheduler's wire); the ping is owed still
         topic.turn.pinged(int(time.monotonic() * 1000))  # a failed ping is not retried: it carries no output
         self._live_keyboards.pop(key, None)
         if result.ok:
@@ -295,8 +296,7 @@ class OutputSender:
             self._wake(*key)
             return True
         chat, thread = key
-        if result.outcome is Outcome.RETRY_AFTER:
-            self._budget.pause(time.monotonic(), result.retry_after_s)
+        if result.outcome is Outcome.RETRY_AFTER:  # the chat is paused already (the scheduler's wire)
             self._term.events.record("Telegram flood control; the chat is paused", phase="outbox-retry-after",
                                      level="WARNING", chatId=chat, threadId=thread, retryAfterS=result.retry_after_s)
             await self._repo.note_attempt(ids[0], f"retry-after {result.retry_after_s}s", authority)
@@ -331,7 +331,7 @@ class OutputSender:
         assert thread is not None
         self._term.events.record("Topic was closed; reopening it before sending", phase="topic-reopen",
                                  chatId=chat, threadId=thread)
-        result = await self._send(True, lambda: self._gateway.reopen_topic(chat, thread), Priority.ANSWER)
+        result = await self._send(key, True, lambda: self._gateway.reopen_topic(chat, thread), Priority.ANSWER)
         await self._repo.note_attempt(item_id, f"topic closed; reopen: {result.outcome}", self._term.authority())
         if not result.ok:
             topic.paused_until = time.monotonic() + topic.backoff.next()

@@ -5,6 +5,7 @@ backlog-full and nothing stored, and topics served in turn when the budget is sh
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 
@@ -13,7 +14,7 @@ import pytest
 from topicbus.core.budget import BudgetConfig
 from topicbus.core.output import OutputConfig
 from topicbus.protocol import ErrorCode, Kind, ProtocolError, decode_frame, encode, send_frame, text_message
-from tests.integration.leader_env import CHAT, LeaderEnv
+from tests.integration.leader_env import CHAT, Hold, LeaderEnv
 
 
 async def _send(env: LeaderEnv, instance: str, generation: str, text: str, request: str) -> None:
@@ -89,3 +90,41 @@ async def test_topics_take_turns_when_the_budget_is_short(env: LeaderEnv):
     await env.fake.wait_for(lambda: len(env.fake.messages_in(CHAT, b)) == 1, timeout=10)
     order = [m.thread_id for m in env.fake.sent if m.thread_id in (a, b)]
     assert order.index(b) <= 2  # served in turn, not after the whole backlog of the first topic
+
+
+async def test_a_topic_waiting_to_settle_holds_back_only_its_own_output(env: LeaderEnv):
+    """Steps of different topics overlap (one Telegram call at a time): while one topic's sent message
+    waits to be marked sent (the database's write lock is held), another topic's output still goes out;
+    the waiting topic's next message does not, and afterwards each went out once, in order."""
+    _output(env, coalesce=False)  # one message per item
+    await env.start()
+    a = (await env.register("a", cwd="/a", generation="g1", pid=10))["threadId"]
+    b = (await env.register("b", cwd="/b", generation="g1", pid=11))["threadId"]
+    assert env.db is not None and env.authority is not None
+    held = Hold(env.fake, "sendMessage")
+    await _send(env, "a", "g1", "a0", "a0")
+    await env.fake.wait_for(held.entered.is_set, timeout=10, message="a0 on the wire")
+    await _send(env, "a", "g1", "a1", "a1")
+    await _send(env, "b", "g1", "b0", "b0")
+    writes_held, writes_free = asyncio.Event(), asyncio.Event()
+
+    async def hold_writes() -> None:
+        async with env.db.unit_of_work(env.authority):  # type: ignore[union-attr]
+            writes_held.set()
+            await writes_free.wait()
+
+    holder = asyncio.create_task(hold_writes())
+    try:
+        await asyncio.wait_for(writes_held.wait(), 10)
+        held.release.set()  # a0 is answered; marking it sent waits for the write lock
+        await env.fake.wait_for(lambda: [m.text for m in env.fake.messages_in(CHAT, b)] == ["b0"], timeout=10,
+                                message="the other topic's output while a0 waits to be settled")
+        assert [m.text for m in env.fake.messages_in(CHAT, a)] == ["a0"]  # a1 waits for a0's settlement
+    finally:
+        writes_free.set()
+        await holder
+    await env.fake.wait_for(lambda: [m.text for m in env.fake.messages_in(CHAT, a)] == ["a0", "a1"], timeout=10)
+    assert [m.text for m in env.fake.messages_in(CHAT, b)] == ["b0"]
+    await env.fake.wait_for(lambda: env.services is not None and not env.services.outbound.backlog(), timeout=10)
+    rows = await env.db.fetch_all("SELECT status, COUNT(*) AS n FROM outbox GROUP BY status")
+    assert {r["status"]: r["n"] for r in rows}.get("pending", 0) == 0
