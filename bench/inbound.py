@@ -99,6 +99,22 @@ def _in_order(texts: list[str], prefix: str) -> bool:
     return seq == sorted(seq)
 
 
+async def _paced_variant(ctx: Context, label: str, env: dict[str, str], paced_n: int) -> dict:
+    """The paced measurement with 25 followers on a leader started with ``env``."""
+    async with BenchFakeBotApi() as fake, ctx.leader(fake, f"inbound-{label}", env=env) as leader:
+        counter = Counter()
+        followers = await start_followers(leader, ctx.workdir / f"inbound-{label}", 25, expect=counter.hit)
+        try:
+            await _paced(fake, followers, counter, 25, leader)
+            paced = await _paced(fake, followers, counter, paced_n, leader)
+            internal = await leader.metrics()
+            paced["internal_p50_ms"] = internal.get('topicbus_route_latency_ms{quantile="0.5"}')
+            paced["internal_p99_ms"] = internal.get('topicbus_route_latency_ms{quantile="0.99"}')
+        finally:
+            await close_followers(followers)
+    return paced
+
+
 async def run(ctx: Context) -> None:
     counts = (1, 5, 25)
     total = 600 if ctx.quick else 2000
@@ -134,20 +150,15 @@ async def run(ctx: Context) -> None:
             f" (leader CPU {fmt(paced['leader_cpu_ms_per_update'])} ms/update);"
             f" leader RSS peak {fmt(burst['leader_rss_peak_mb'], 1)} MB")
 
-    # The same paced measurement with DB_SYNCHRONOUS=normal (no fsync per commit), 25 followers.
-    async with BenchFakeBotApi() as fake, ctx.leader(fake, "inbound-normal-sync",
-                                                     env={"TOPICBUS_DB_SYNCHRONOUS": "normal"}) as leader:
-        counter = Counter()
-        followers = await start_followers(leader, ctx.workdir / "inbound-normal", 25, expect=counter.hit)
-        try:
-            await _paced(fake, followers, counter, 25, leader)
-            normal = await _paced(fake, followers, counter, paced_n, leader)
-            internal = await leader.metrics()
-            normal["internal_p99_ms"] = internal.get('topicbus_route_latency_ms{quantile="0.99"}')
-        finally:
-            await close_followers(followers)
-    say(f"  25 follower(s), DB_SYNCHRONOUS=normal: leader-added p99 {fmt(normal['internal_p99_ms'])} ms")
-    results["normal-sync"] = {"paced": normal}
+    # The same paced measurement, 25 followers, with one setting changed: DB_SYNCHRONOUS=normal (no
+    # fsync per commit), and RECEIPT_REACTION=off (no 👀 call per owner message: the routing path alone,
+    # what the first release did; it had no receipt reactions).
+    variants = {"normal-sync": {"TOPICBUS_DB_SYNCHRONOUS": "normal"}, "no-reaction": {"TOPICBUS_RECEIPT_REACTION": "off"}}
+    for label, env in variants.items():
+        results[label] = {"paced": await _paced_variant(ctx, label, env, paced_n)}
+        say(f"  25 follower(s), {' '.join(k.removeprefix('TOPICBUS_') + '=' + v for k, v in env.items())}: "
+            f"leader-added p99 {fmt(results[label]['paced']['internal_p99_ms'])} ms, paced p50 "
+            f"{fmt(results[label]['paced']['p50_ms'])} ms")
 
     ctx.report.details["inbound"] = results
     r = ctx.report
@@ -173,6 +184,10 @@ async def run(ctx: Context) -> None:
     r.add("leader-added latency p99, 25 followers, paced, DB_SYNCHRONOUS=normal",
           results["normal-sync"]["paced"]["internal_p99_ms"], "ms", TARGET_LATENCY_MS, "lower",
           "the same as above without an fsync per commit (survives a crash, not a power cut)")
+    no_reaction = results["no-reaction"]["paced"]
+    r.add("leader-added latency p99, 25 followers, paced, RECEIPT_REACTION=off", no_reaction["internal_p99_ms"], "ms",
+          TARGET_LATENCY_MS, "lower", "without the 👀 receipt reaction (a Bot API call per owner message, new in 0.2)")
+    r.add("inbound latency p50, 25 followers, paced, RECEIPT_REACTION=off", no_reaction["p50_ms"], "ms", None, "lower")
     peak = max(results[n]["burst"]["leader_rss_peak_mb"] for n in counts)
     ctx.report.details["leader_rss_peak_mb"] = peak
     r.add("leader RSS peak under load (inbound burst, 25 followers)", results[25]["burst"]["leader_rss_peak_mb"],
