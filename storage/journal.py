@@ -133,25 +133,24 @@ class JournalRepository:
 
     async def settle_receipts(self, receipts: Sequence[tuple[int, str]], now_ms: int,
                               authority: Authority) -> list[JournalItem]:
-        """Apply follower receipts (seq, binding key) in one transaction; returns the rows this
-        marked delivered (a repeated receipt returns nothing: each row is delivered once)."""
-        wanted = set(receipts)
-        if not wanted:
-            return []
-        seqs = sorted({seq for seq, _ in wanted})
+        """Apply follower receipts (seq, binding key); returns the rows this marked delivered (a
+        repeated receipt returns nothing: each row is delivered once).
+
+        One self-fenced statement per chunk of receipts, like :meth:`append_many`: the update, the
+        authority check and the rows it changed in one worker-thread hop, so a receipt holds the write
+        lock for its commit only (the next owner message's journal write waits behind it)."""
+        wanted = sorted(set(receipts))
         newly: list[JournalItem] = []
-        async with self._db.unit_of_work(authority) as uow:
-            for start in range(0, len(seqs), _CHUNK):
-                chunk = seqs[start:start + _CHUNK]
-                marks = ", ".join("?" for _ in chunk)
-                rows = await uow.fetch_all(
-                    f"SELECT * FROM inbound_journal WHERE status = 'pending' AND seq IN ({marks})", chunk)
-                hits = [_item(r) for r in rows if (r["seq"], r["binding_key"]) in wanted]
-                if hits:
-                    await uow.execute(
-                        f"""UPDATE inbound_journal SET status = 'delivered', delivered_at_ms = ?
-                            WHERE seq IN ({", ".join("?" for _ in hits)})""", [now_ms, *(i.seq for i in hits)])
-                newly += hits
+        for start in range(0, len(wanted), _CHUNK // 2):
+            chunk = wanted[start:start + _CHUNK // 2]
+            pairs = ", ".join("(?, ?)" for _ in chunk)
+            rows = await self._db.self_fenced_statement(
+                f"""UPDATE inbound_journal SET status = 'delivered', delivered_at_ms = ?
+                    WHERE status = 'pending' AND (seq, binding_key) IN (VALUES {pairs}) AND {{authority_check}}
+                    RETURNING *""", [now_ms, *(value for pair in chunk for value in pair)], authority)
+            if not rows and not await self._db.still_leader(authority):
+                raise AuthorityLost("leader lease changed hands")
+            newly += [_item(r) for r in rows]
         return sorted(newly, key=lambda i: i.seq)
 
     async def settle(self, seq: int, binding_key: str, status: str, now_ms: int, authority: Authority) -> bool:
