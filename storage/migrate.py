@@ -2,7 +2,7 @@
 
 The pending files run in one ``BEGIN IMMEDIATE … COMMIT`` with the version bumps: the schema moves
 from its version to the newest at once or not at all, and a failing migration rolls back whole (with
-the ones before it in the same run). One commit is one fsync: a new database is ready in about 7 ms
+the ones before it in the same run). One commit is one fsync: a new database is ready in about 10 ms
 instead of 60 (seven migrations, a commit each). The SQL files ship inside the distribution
 (package ``migrations``).
 """
