@@ -161,7 +161,14 @@ class Database(_Reader):
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[UnitOfWork]:
         async with self._write_lock:
-            await self._begin()
+            try:
+                await self._begin()
+            except BaseException:
+                # Cancelled while BEGIN was queued or running on aiosqlite's thread: it still runs
+                # there, so the ROLLBACK queued behind it ends the transaction instead of leaving it
+                # open on the shared connection for the next writer to trip over.
+                await self._rollback()
+                raise
             uow = UnitOfWork(self._conn)
             try:
                 yield uow

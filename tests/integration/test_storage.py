@@ -131,6 +131,34 @@ async def test_an_outside_writer_is_waited_for(tmp_path):
         await db.close()
 
 
+async def test_a_writer_cancelled_while_its_begin_waits_leaves_no_transaction_open(tmp_path):
+    import asyncio
+
+    path = tmp_path / "x.sqlite3"
+    db = await Database.open(path)
+    authority = await LeaseRepository(db).try_acquire("one", now_ms=1_000, stale_after_ms=8_000)
+    outside = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        outside.execute("BEGIN IMMEDIATE")  # our BEGIN IMMEDIATE now waits on aiosqlite's thread
+
+        async def write(key: str) -> None:
+            async with db.unit_of_work(authority) as uow:
+                await uow.execute("INSERT INTO runtime_settings VALUES (?, 'x', 0)", (key,))
+
+        waiting = asyncio.create_task(write("cancelled"))
+        await asyncio.sleep(0)  # its first step queued the BEGIN
+        waiting.cancel()
+        outside.execute("COMMIT")  # the queued BEGIN now succeeds on the thread, after the cancel
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.wait_for(write("next"), 10)  # would fail: "cannot start a transaction within a transaction"
+        keys = [r["key"] for r in await db.fetch_all("SELECT key FROM runtime_settings")]
+        assert keys == ["next"]
+    finally:
+        outside.close()
+        await db.close()
+
+
 async def test_durability_level_is_configurable(tmp_path):
     full = await Database.open(tmp_path / "a.sqlite3")
     normal = await Database.open(tmp_path / "b.sqlite3", synchronous="normal")
