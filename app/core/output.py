@@ -83,6 +83,7 @@ class StreamState:
     last_line: str = ""
     live: LiveMessage | None = None
     ending: bool = False  # the follower left: what is still queued is the end of the stream
+    owner_turns: int = 0  # how often the owner has spoken here: a send started before the last one lands above it
 
 
 # --- plans -----------------------------------------------------------------------------------------
@@ -189,32 +190,45 @@ class TopicTurn:
     stream: StreamState = field(default_factory=StreamState)
 
     def sent_message(self, now_ms: int, *, notify: bool, message_id: int | None, fmt: str | None, raw: str,
-                     units: int, growable: bool, arrived_ms: int | None = None) -> None:
+                     units: int, growable: bool, arrived_ms: int | None = None,
+                     owner_turns: int | None = None) -> None:
+        """A new message went out. ``owner_turns``: :attr:`StreamState.owner_turns` when the send
+        began; if the owner spoke since, the message sits above the owner's on the phone, so it is
+        never grown and owes no ping (the owner is looking), and the next output is a new answer."""
         s = self.stream
         s.last_sent_ms = now_ms
+        s.last_line = _last_line(raw) or s.last_line
+        s.ending = s.ending and not notify
+        if self._owner_spoke_since(owner_turns):
+            return
         if arrived_ms is not None:
             s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
         s.owes_ping = not notify
-        s.ending = s.ending and not notify
-        s.last_line = _last_line(raw) or s.last_line
         s.live = LiveMessage(message_id, fmt, raw, units, now_ms, now_ms) \
             if growable and message_id is not None else None
 
-    def extended(self, now_ms: int, raw: str, units: int, arrived_ms: int | None = None) -> None:
+    def extended(self, now_ms: int, raw: str, units: int, arrived_ms: int | None = None,
+                 owner_turns: int | None = None) -> None:
+        """The live message grew by an edit (``owner_turns`` as for :meth:`sent_message`)."""
         s = self.stream
-        assert s.live is not None
-        s.live.raw, s.live.units, s.live.last_edit_ms = raw, units, now_ms
         s.last_sent_ms = now_ms
+        s.last_line = _last_line(raw) or s.last_line
+        if self._owner_spoke_since(owner_turns) or s.live is None:
+            return
+        s.live.raw, s.live.units, s.live.last_edit_ms = raw, units, now_ms
         if arrived_ms is not None:
             s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
         s.owes_ping = True
-        s.last_line = _last_line(raw) or s.last_line
+
+    def _owner_spoke_since(self, owner_turns: int | None) -> bool:
+        return owner_turns is not None and owner_turns != self.stream.owner_turns
 
     def owner_spoke(self) -> None:
         """An owner wrote in the topic: the conversation moved on. Output after this starts a new
         message below the owner's (an edit would grow a message above it, out of sight), and it is
         an answer, so it notifies; a ping still owed is dropped (the owner is looking)."""
         s = self.stream
+        s.owner_turns += 1
         s.live = None
         s.last_output_ms = None
         s.owes_ping = False

@@ -140,6 +140,7 @@ class OutputSender:
         return "\n".join(payloads.get(i.id, {}).get("text", "") for i in items), payloads
 
     async def _new_message(self, key: TopicKey, topic: TopicOutput, step: NewMessage, now: float) -> None:
+        owner_turns = topic.turn.stream.owner_turns
         raw, payloads = await self._texts(step.items)
         head = step.items[0]
         buttons = payloads.get(head.id, {}).get("buttons") if head.has_buttons else None
@@ -161,8 +162,8 @@ class OutputSender:
             growable = head.kind == "text" and not head.has_buttons and len(parts) == 1
             topic.turn.sent_message(int(time.monotonic() * 1000), notify=step.notify, message_id=message_id,
                                     fmt=head.fmt, raw=raw, units=utf16_len(raw), growable=growable,
-                                    arrived_ms=max(i.arrived_ms for i in step.items))
-            await self._carried(key, keyboard, message_id, live=growable)
+                                    arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns)
+            await self._carried(key, keyboard, message_id, live=topic.turn.stream.live is not None)
             self.stats.messages += len(parts)
             if head.kind == "text":
                 self.stats.units_sent += utf16_len(raw)
@@ -213,6 +214,7 @@ class OutputSender:
     async def _extend(self, key: TopicKey, topic: TopicOutput, step: Extend, now: float) -> None:
         live = topic.turn.stream.live
         assert live is not None
+        owner_turns = topic.turn.stream.owner_turns
         added, _ = await self._texts(step.items)
         raw = f"{live.raw}\n{added}"
         rendered = render(raw, live.fmt)
@@ -232,8 +234,8 @@ class OutputSender:
             return
         if await self._settle(key, topic, step.items, result, live.message_id):
             topic.turn.extended(int(time.monotonic() * 1000), raw, utf16_len(raw),
-                                arrived_ms=max(i.arrived_ms for i in step.items))
-            await self._carried(key, keyboard, live.message_id, live=True)
+                                arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns)
+            await self._carried(key, keyboard, live.message_id, live=topic.turn.stream.live is not None)
             self.stats.edits += 1
             self.stats.units_sent += utf16_len(added)
 

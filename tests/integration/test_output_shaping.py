@@ -128,3 +128,23 @@ async def test_a_topic_waiting_to_settle_holds_back_only_its_own_output(env: Lea
     await env.fake.wait_for(lambda: env.services is not None and not env.services.outbound.backlog(), timeout=10)
     rows = await env.db.fetch_all("SELECT status, COUNT(*) AS n FROM outbox GROUP BY status")
     assert {r["status"]: r["n"] for r in rows}.get("pending", 0) == 0
+
+
+async def test_output_sent_while_the_owner_spoke_is_never_grown_to_hold_the_answer(env: LeaderEnv):
+    """The owner writes while the agent's message is on its way (it lands above the owner's on the
+    phone): the agent's next output is a new notifying message below, not an edit of that one."""
+    _output(env, edit_interval_ms=50)  # a live message would be grown at once
+    await env.start()
+    thread = (await env.register("a", cwd="/race", generation="g1", pid=10))["threadId"]
+    held = Hold(env.fake, "sendMessage")
+    await _send(env, "a", "g1", "READY", "r0")
+    await env.fake.wait_for(held.entered.is_set, timeout=10, message="READY on the wire")
+    assert env.services is not None
+    env.services.outbound.owner_spoke(CHAT, thread)  # what the turn handler does for the owner's "hello"
+    held.release.set()
+    await env.fake.wait_for(lambda: not env.services.outbound.backlog(), timeout=10, message="READY settled")
+    await _send(env, "a", "g1", "got:hello", "r1")
+    await env.fake.wait_for(lambda: any("got:hello" in text for m in env.fake.messages_in(CHAT, thread)
+                                        for _, text in m.history), timeout=10, message="the answer")
+    messages = env.fake.messages_in(CHAT, thread)
+    assert [(m.text, m.silent, m.edits) for m in messages] == [("READY", False, 0), ("got:hello", False, 0)]

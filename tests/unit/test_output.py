@@ -101,6 +101,23 @@ def test_after_the_owner_spoke_output_starts_a_new_notifying_message_below_and_n
     assert plan([], turn.stream, 60_000, CFG) == Idle()
 
 
+def test_a_send_the_owner_spoke_during_is_never_grown_and_owes_no_ping() -> None:
+    turn = TopicTurn()
+    began = turn.stream.owner_turns  # the message is on its way ...
+    turn.owner_spoke()  # ... when the owner's message arrives; it then lands above the owner's
+    turn.sent_message(1_000, notify=False, message_id=5, fmt="pre", raw="READY", units=5, growable=True,
+                      arrived_ms=900, owner_turns=began)
+    assert turn.stream.live is None and not turn.stream.owes_ping
+    assert plan([text(1, arrived_ms=1_200)], turn.stream, 1_300, CFG) == NewMessage((text(1, arrived_ms=1_200),),
+                                                                                   notify=True)
+    # An edit in flight when the owner spoke: the message stays where it is, nothing grows it further.
+    live = TopicTurn(streaming(last_output_ms=9_000))
+    began = live.stream.owner_turns
+    live.owner_spoke()
+    live.extended(10_000, "x\ny", 3, arrived_ms=9_500, owner_turns=began)
+    assert live.stream.live is None and not live.stream.owes_ping and live.stream.last_output_ms is None
+
+
 def test_the_end_of_a_stream_goes_as_one_notifying_message_and_owes_no_ping() -> None:
     # Mid-stream (a live message to grow, the burst going on), then the follower leaves: what is left
     # goes as one notifying message, not an edit or a silent message followed by a ping repeating it.
