@@ -9,7 +9,9 @@ call inside PTB instead of letting the scheduler serve another topic (docs/opera
 
 from __future__ import annotations
 
+import httpx
 from telegram.ext import Application, ApplicationBuilder
+from telegram.request import HTTPXRequest
 
 from topicbus.settings import Settings
 
@@ -21,9 +23,16 @@ class ApplicationUnavailable(Exception):
 def build_application(settings: Settings) -> Application:
     assert settings.bot_token is not None
     base = settings.api_base_url
+    # PTB builds two HTTP clients (one for getUpdates, one for every other call), and httpx loads the
+    # CA bundle for each (about 20 ms apiece, on the way to readiness). They share one TLS context:
+    # the one httpx would build for each (certifi, or SSL_CERT_FILE / SSL_CERT_DIR).
+    tls = httpx.create_ssl_context()
+    calls = HTTPXRequest(connection_pool_size=256, connect_timeout=10, read_timeout=15, write_timeout=30,
+                         pool_timeout=5, httpx_kwargs={"verify": tls})
+    updates = HTTPXRequest(connection_pool_size=1, httpx_kwargs={"verify": tls})
     app = (ApplicationBuilder().token(settings.bot_token.get_secret_value()).base_url(base)
            .base_file_url(base.replace("/bot", "/file/bot", 1)).updater(None)
-           .connect_timeout(10).read_timeout(15).write_timeout(30).pool_timeout(5)
+           .request(calls).get_updates_request(updates)
            .build())
     if app.job_queue is None:
         raise ApplicationUnavailable("python-telegram-bot was installed without the job-queue extra")

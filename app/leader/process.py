@@ -53,6 +53,8 @@ PRUNE_JOB_ID = "topicbus.prune"
 LEASE_JOB_ID = "topicbus.lease"
 PURGE_JOB_ID = "topicbus.purge"
 PURGE_INTERVAL_S = 3600
+HEAP_FREEZE_JOB_ID = "topicbus.heap-freeze"
+HEAP_FREEZE_AFTER_S = 1.0  # after readiness: a full collection takes about 20 ms, which /healthz need not wait for
 JOBS_SETTLE_S = 5.0  # a stop waits this long for running jobs (a lease refresh, a prune pass) to end
 HISTORY_KEEP_MS = 7 * 24 * 3600 * 1000  # delivered/sent rows are kept a week for diagnosis
 
@@ -247,6 +249,8 @@ class Leadership:
             jq.run_repeating(self._purge, interval=PURGE_INTERVAL_S, first=60, name=PURGE_JOB_ID,
                              job_kwargs={"id": PURGE_JOB_ID, "replace_existing": True, "coalesce": True,
                                          "max_instances": 1})
+            jq.run_once(self._freeze_heap, when=HEAP_FREEZE_AFTER_S, name=HEAP_FREEZE_JOB_ID,
+                        job_kwargs={"id": HEAP_FREEZE_JOB_ID, "replace_existing": True, "misfire_grace_time": None})
             self.server.publish(services.followers, self.term.authority().epoch)
             self.poller.start()
             await self._wait_until_done(stop)
@@ -330,10 +334,6 @@ class Leadership:
         if self._polled_once:  # a restarted poller: the startup window is not opened again
             return
         self._polled_once = True
-        # Everything built so far (PTB, handlers, services) lives as long as the term: keep it out of
-        # the cyclic collector's scans so collections on the routing path stay short.
-        gc.collect()
-        gc.freeze()
         if self.services is not None:
             self.services.display.startup.arm(self.settings.follower_stale_after_ms / 1000)
         logger.bind(phase="startup").info("polling Telegram as leader (epoch {})", self.term.epoch)
@@ -352,6 +352,13 @@ class Leadership:
     def _lose(self) -> None:
         self.lost.set()
         self.term.revoke()
+
+    async def _freeze_heap(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """Everything the start built (PTB, handlers, services) lives as long as the term: keep it out
+        of the cyclic collector's scans so collections on the routing path stay short. Run once, a
+        moment after the start, so that readiness does not wait for the full collection before it."""
+        gc.collect()
+        gc.freeze()
 
     async def _refresh_lease(self, context: ContextTypes.DEFAULT_TYPE) -> None:
         authority = self.term.current()
