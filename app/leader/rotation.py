@@ -97,7 +97,8 @@ class SlotRotation:
             return await operation()
 
     async def _unfinished(self) -> bool:
-        return bool(await self._intents.all()) or await self._admission.fence() is not None
+        intents, fence = await asyncio.gather(self._intents.all(), self._admission.fence())
+        return bool(intents) or fence is not None
 
     # --- one rotation -------------------------------------------------------------------------------
     async def rotate(self, *, recovery: bool = False) -> RotationResult:
@@ -121,8 +122,7 @@ class SlotRotation:
         issued = False
         outcome: Any = None
         for _ in range(MAX_STEPS):
-            intents = await self._intents.all()
-            fence = await self._admission.fence()
+            intents, fence = await asyncio.gather(self._intents.all(), self._admission.fence())
             state = await self._observe(authority, prepare, intents, fence, issued, outcome)
             action = next_step(state)
             intent = intents[0] if intents else None
@@ -287,16 +287,18 @@ class SlotRotation:
 
     async def _snapshot(self, exclude_intent: str | None, intents: list[RetirementIntent], fence: Fence | None):
         """Occupancy now; ``intents`` and ``fence`` as the caller has just read them (not read twice)."""
-        bindings = {b.binding_key: b for b in await self._bindings.all()}
-        owners = {o.binding_key for o in await self._bindings.owners()}
+        # Five independent reads, queued on the connection's thread together: it runs them back to
+        # back instead of waiting for the loop to hand it each next one (three snapshots a rotation).
+        all_bindings, owner_rows, cleanups, queued, outbox_keys = await asyncio.gather(
+            self._bindings.all(), self._bindings.owners(), self._cleanups.all(), self._journal.count_pending(),
+            self._outbox.pending_binding_keys())
+        bindings = {b.binding_key: b for b in all_bindings}
+        owners = {o.binding_key for o in owner_rows}
         live_keys = {f.binding_key for f in self._roster.followers() if f.binding_key}
         current = [b for b in bindings.values() if b.binding_key in owners or b.binding_key in live_keys
                    or b.kind == "leader"]
-        cleanups = await self._cleanups.all()
         cleanup_keys = {c.binding_key for c in cleanups}
         others = [i for i in intents if i.id != exclude_intent]
-        queued = await self._journal.count_pending()
-        outbox_keys = await self._outbox.pending_binding_keys()
         local = LocalOccupancy(
             current_targets={_target(b) for b in current},
             current_slots={b.slot for b in current if b.slot},
@@ -320,8 +322,7 @@ class SlotRotation:
 
     async def occupancy(self) -> dict[str, Any]:
         """For status: slots in use, inactive bindings in rotation order, and the fence."""
-        intents = await self._intents.all()
-        fence = await self._admission.fence()
+        intents, fence = await asyncio.gather(self._intents.all(), self._admission.fence())
         snapshot, bindings = await self._snapshot(None, intents, fence)
         order = sorted((c for c in snapshot.candidates if c.inactive_since_ms is not None),
                        key=lambda c: (c.inactive_since_ms, c.slot))
