@@ -3,7 +3,8 @@
 Same identity → same binding → same topic: an existing binding with a live topic is reused with
 zero Telegram calls (a closed one is reopened first, or replaced when it cannot be); a binding whose
 topic was deleted gets a new topic under its old slot and name;
-a new identity gets the first free slot letter (from the slot planner) and a new topic. Provisioning is serialised by one
+a new identity gets the first free slot letter (from the slot planner) and a new topic. A new topic
+and the binding's undelivered output moving to it commit together. Provisioning is serialised by one
 gate so two registrations can never take the same letter or create two topics for one binding.
 """
 
@@ -21,6 +22,7 @@ from topicbus.leader.preferences import Preferences
 from topicbus.leader.term import LeaderTerm
 from topicbus.storage.bindings import Binding, BindingRepository, OwnerRecord
 from topicbus.storage.db import Authority
+from topicbus.storage.outbox import OutboxRepository
 
 
 class SlotUnavailable(Exception):
@@ -38,7 +40,7 @@ class TopicCreationFailed(Exception):
 class ProvisionRequest:
     identity: WorkspaceIdentity
     kind: str  # 'leader' | 'follower'
-    thread_name: str
+    thread_name: str  # a new binding's name (an existing binding keeps its own)
     owner: OwnerRecord | None  # the routeable owner to record (None for the leader's own binding)
     manual_name: str | None = None  # a fixed title that every display mode keeps
 
@@ -74,6 +76,8 @@ class TopicProvisioner:
                 if request.owner is not None:
                     await BindingRepository.set_owner_tx(uow, request.owner)
                 await BindingRepository.mark_active_tx(uow, key)
+                # Its undelivered output follows it to the new topic, in the same commit.
+                await OutboxRepository.retarget_tx(uow, key, thread_id)
             fresh = await self._bindings.get(key)
             assert fresh is not None
             return fresh, True

@@ -8,6 +8,7 @@ answer with the target. New entries start their heartbeat clock at publication t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,6 @@ from topicbus.protocol import (ErrorCode, FollowerRequest, ProtocolError, Regist
 from topicbus.storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger, Scope
 from topicbus.storage.bindings import BindingRepository, OwnerRecord
 from topicbus.storage.db import AuthorityLost
-from topicbus.storage.outbox import OutboxRepository
 
 
 class Registrations:
@@ -44,7 +44,6 @@ class Registrations:
         self._control = control
         self._on_roster_change = on_roster_change
         self._bindings = BindingRepository(term.db)
-        self._outbox = OutboxRepository(term.db)
         self.count = 0
 
     # --- followers --------------------------------------------------------------------------------
@@ -86,16 +85,12 @@ class Registrations:
         owner = OwnerRecord(binding_key=key, instance_id=req.instance_id,
                             registration_generation=req.registration_generation or "", pid=req.pid,
                             process_birth_id=req.process_birth_id, host_id=req.host_id, updated_at_ms=now)
-        existing = await self._bindings.get(key)
-        name = req.thread_name or (existing.thread_name if existing else None)
+        # The name is a new binding's only (an existing binding keeps the one it has).
         request = ProvisionRequest(identity=identity, kind="follower", owner=owner,
-                                   thread_name=name or default_thread_name(identity, None))
+                                   thread_name=req.thread_name or default_thread_name(identity, None))
         binding, created = await self._provisioner.provision(request, authority)
         if not self._term.is_current(authority):
             raise AuthorityLost("follower registration lost leader ownership")
-        if created:
-            async with self._term.unit_of_work(authority) as uow:
-                await OutboxRepository.retarget_tx(uow, key, binding.thread_id or 0)
         now = self._term.now_ms()
         record = FollowerRecord(
             instance_id=req.instance_id, registration_generation=req.registration_generation or "", pid=req.pid,
@@ -140,9 +135,10 @@ class Registrations:
         roster with a fresh heartbeat clock. Those that come back register again; those that do not
         are pruned after the stale window and go through the same death proof as any other."""
         now = self._term.now_ms()
-        owners = {o.binding_key: o for o in await self._bindings.owners()}
+        owner_rows, bindings = await asyncio.gather(self._bindings.owners(), self._bindings.all())
+        owners = {o.binding_key: o for o in owner_rows}
         restored = 0
-        for binding in await self._bindings.all():
+        for binding in bindings:
             owner = owners.get(binding.binding_key)
             if owner is None or binding.kind != "follower" or not binding.has_live_topic:
                 continue
