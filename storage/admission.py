@@ -6,9 +6,10 @@ in flight — and so that no ordinary operation starts while a retirement is fen
 derived from (operation id, scope), so retrying an operation with the same id resumes a hold whose
 acquisition acknowledgement was lost instead of orphaning it.
 
-Every write is a unit of work under the leader's authority: :meth:`AdmissionLedger.run` captures
-the authority when the operation starts and uses it for the hold and its release; the fence
-operations take the authority of the rotation that drives them.
+Every write carries the leader's authority: a unit of work, or (a hold's release) one self-fenced
+statement. :meth:`AdmissionLedger.run` captures the authority when the operation starts and uses
+it for the hold and its release; the fence operations take the authority of the rotation that
+drives them.
 """
 
 from __future__ import annotations
@@ -139,9 +140,12 @@ class AdmissionLedger:
             return hold, False
 
     async def release(self, hold: AdmissionHold, authority: Authority) -> bool:
-        async with self._db.unit_of_work(authority) as uow:
-            return await uow.execute("DELETE FROM admission_holds WHERE id = ? AND owner = ?",
-                                     (hold.id, self.owner)) > 0
+        """Give a hold back in one self-fenced statement (one worker-thread hop, every admitted
+        operation pays it): nothing is deleted unless the lease still names ``authority``."""
+        rows = await self._db.self_fenced_statement(
+            "DELETE FROM admission_holds WHERE id = ? AND owner = ? AND {authority_check} RETURNING id",
+            (hold.id, self.owner), authority)
+        return bool(rows)
 
     async def run(self, operation_id: str, operation_kind: str, scopes: Sequence[Scope],
                   op: Callable[[], Awaitable[T]]) -> T:

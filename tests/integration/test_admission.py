@@ -245,6 +245,8 @@ async def test_losing_the_lease_mid_operation_keeps_its_outcome_and_the_successo
     assert await first.run("op-1", KIND, [PROFILE], op) == "finished"  # the refused release is not its error
     (orphan,) = await first.holds()
     assert orphan.owner == "leader-1"
+    assert not await first.release(orphan, lost["authority"])  # the lost authority deletes nothing
+    assert await first.holds() == [orphan]
     successor = ledger_of(store, owner="leader-2")
     own, _ = await successor.acquire("successor-op", KIND, PROFILE, store.authority)
     with pytest.raises(AuthorityLost):  # the old leader cannot drop the successor's holds

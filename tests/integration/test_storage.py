@@ -197,7 +197,7 @@ async def test_there_is_no_write_path_around_the_unit_of_work(tmp_path):
 def test_only_the_lease_and_the_journal_use_the_two_writes_that_carry_no_unit_of_work():
     """Structural check over the package: only storage/ talks to SQLite (imports sqlite3/aiosqlite,
     touches the connection); the raw transaction stays inside storage/db.py; the lease transaction is
-    the lease repository's; the self-fenced statement is the journal's hot path. Everything else can
+    the lease repository's; the self-fenced statement is the journal's hot path and a hold's release. Everything else can
     only write through ``unit_of_work(authority)``."""
     import ast
     from pathlib import Path
@@ -206,7 +206,7 @@ def test_only_the_lease_and_the_journal_use_the_two_writes_that_carry_no_unit_of
     import topicbus.storage as storage_pkg
 
     allowed = {"_transaction": {"storage/db.py"}, "lease_transaction": {"storage/db.py", "storage/lease.py"},
-               "self_fenced_statement": {"storage/db.py", "storage/journal.py"}}
+               "self_fenced_statement": {"storage/db.py", "storage/journal.py", "storage/admission.py"}}
     found: dict[str, set[str]] = {name: set() for name in allowed}
     sqlite_users: set[str] = set()
     roots = {"": Path(topicbus.__file__).parent, "storage/": Path(storage_pkg.__file__).parent}
