@@ -9,9 +9,9 @@ separately).
 1. **free slots**: p50/p90 over 20 registrations (10 with ``--quick``);
 2. the registrations go on until the leader refuses one: that shows the capacity and how fast
    a registration is refused when every slot is held by a *live* follower (nothing may rotate);
-3. **full capacity with rotation**: three followers disconnect gracefully (their topics are
-   deleted and their bindings become inactive — eligible for rotation), then three new
-   workspaces register. If the leader rotates (retires the longest-inactive binding and reuses its
+3. **full capacity with rotation**: eight followers (three with ``--quick``) disconnect gracefully (their topics are
+   kept for the exit grace, their bindings become inactive — eligible for rotation), then as many
+   new workspaces register. If the leader rotates (retires the longest-inactive binding and reuses its
    letter) this is the registration-with-rotation time; if it refuses with ``slot-unavailable``,
    rotation is not implemented yet and the refusal time is reported instead.
 """
@@ -60,9 +60,10 @@ async def run(ctx: Context) -> None:
             if refused:
                 say(f"  capacity: {refused['after']} followers registered, the next one was refused with "
                     f"{refused['code']} in {fmt(refused['ms'])} ms (every slot held by a live follower)")
-            # Free three letters the graceful way, then register three new workspaces.
+            # Free letters the graceful way, then register as many new workspaces.
+            n_rotations = 3 if ctx.quick else 8
             disconnect_ms = []
-            for bus in live[:3]:
+            for bus in live[:n_rotations]:
                 seconds, answer = await bus.disconnect()
                 disconnect_ms.append(seconds * 1000)
                 if not answer.get("ok"):
@@ -70,7 +71,7 @@ async def run(ctx: Context) -> None:
             details["graceful_disconnect_ms"] = disconnect_ms
             rotation_ms: list[float] = []
             rotation_refusals: list[dict] = []
-            for j in range(3):
+            for j in range(n_rotations):
                 bus = RawBus(leader)
                 await bus.connect()
                 buses.append(bus)
