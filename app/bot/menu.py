@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from topicbus.bot.gateway import TelegramGateway
+from topicbus.bot.gateway import CallResult, TelegramGateway
 
 CONTROL_COMMANDS: tuple[tuple[str, str], ...] = (
     ("status", "Control topic: agents, slots and queued messages"),
@@ -36,9 +36,13 @@ class MenuSync(StrEnum):
 
 
 async def sync_command_menu(gateway: TelegramGateway, chat_id: int,
-                            menu: tuple[tuple[str, str], ...] = COMMAND_MENU) -> tuple[MenuSync, str]:
-    """Make the group's menu equal ``menu``; set it only when Telegram's differs."""
-    current = await gateway.get_commands(chat_id)
+                            menu: tuple[tuple[str, str], ...] = COMMAND_MENU, *,
+                            current: CallResult | None = None) -> tuple[MenuSync, str]:
+    """Make the group's menu equal ``menu``; set it only when Telegram's differs. ``current`` is
+    the ``getMyCommands`` answer when the caller already asked (the leader asks while it checks
+    the chat)."""
+    if current is None:
+        current = await gateway.get_commands(chat_id)
     if current.ok and list(current.value or []) == list(menu):  # type: ignore[call-overload]
         return MenuSync.UNCHANGED, ""
     result = await gateway.set_commands(chat_id, menu)

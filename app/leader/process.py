@@ -23,7 +23,7 @@ from telegram.ext import Application, ContextTypes
 
 from topicbus import __version__, handlers
 from topicbus.bot.chat_check import check_chat, setup_fix
-from topicbus.bot.gateway import TelegramGateway, redact_bot_urls
+from topicbus.bot.gateway import CallResult, TelegramGateway, redact_bot_urls
 from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
@@ -219,14 +219,20 @@ class Leadership:
                             receipt_reaction=s.receipt_reaction, cleanup_grace_s=s.cleanup_grace_s)
         self.services = services
         # Before the term opens: the start-up checks call Telegram directly (no chat budget spent,
-        # and the scheduler has not started yet).
+        # and the scheduler has not started yet). The command menu is read while the chat is
+        # checked (one round trip to Telegram fewer before readiness), and set only once the chat
+        # passed: a wrong TOPICBUS_CHAT_ID changes nothing.
         telegram = TelegramGateway(app.bot)
+        menu = asyncio.create_task(telegram.get_commands(s.chat_id or 0), name="command-menu-read")
         try:
             await self._check_chat(telegram, app.bot.id)
-        except FatalLeaderError:
-            await app.shutdown()
+        except BaseException as exc:
+            menu.cancel()
+            await asyncio.gather(menu, return_exceptions=True)
+            if isinstance(exc, FatalLeaderError):
+                await app.shutdown()
             raise
-        await self._sync_command_menu(telegram)
+        await self._sync_command_menu(telegram, await menu)
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
                                    batch=self._journaled_batch(services),
                                    holds_lease=lambda: self.term.current() is not None and not self.lost.is_set())
@@ -280,9 +286,9 @@ class Leadership:
         if verdict.note is not None:
             logger.bind(phase="startup").warning("could not check the chat ({}); going on", redact_bot_urls(verdict.note))
 
-    async def _sync_command_menu(self, telegram: TelegramGateway) -> None:
+    async def _sync_command_menu(self, telegram: TelegramGateway, current: CallResult) -> None:
         """The group's command menu, set only when it differs from Telegram's (a failure is not fatal)."""
-        outcome, detail = await sync_command_menu(telegram, self.settings.chat_id or 0)
+        outcome, detail = await sync_command_menu(telegram, self.settings.chat_id or 0, current=current)
         if outcome is MenuSync.FAILED:
             logger.bind(phase="startup").warning("command menu not set ({}); the commands still work", detail)
         elif outcome is MenuSync.SET:

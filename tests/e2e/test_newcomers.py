@@ -87,12 +87,14 @@ def test_a_token_that_is_not_shaped_like_one_is_named(tmp_path: Path):
 # --- Telegram's answers at start -------------------------------------------------------------------
 
 
-async def exits_with_fix(cluster: Cluster, **env: str) -> str:
+async def exits_with_fix(cluster: Cluster, *, chat_refused: bool = True, **env: str) -> str:
     leader = await cluster.start_leader(**env)
     assert await leader.wait(timeout=30) == EXIT_CONFIG, leader.log()
     log = leader.log()
     assert "Traceback" not in log and TOKEN.split(":")[1] not in log, log
     assert cluster.fake.calls_to("getUpdates") == []  # it never polled
+    if chat_refused:  # the menu is read beside the chat check, but a refused chat gets none set
+        assert cluster.fake.calls_to("setMyCommands") == [], "a menu was set in a chat that failed its check"
     return log
 
 
@@ -119,7 +121,7 @@ async def test_a_group_without_topics_exits_2_with_the_fix(cluster: Cluster):
 
 async def test_not_enough_rights_for_the_control_topic_exits_2_with_the_fix(cluster: Cluster):
     cluster.fake.fail_next("createForumTopic", description="Bad Request: not enough rights to create a topic")
-    log = await exits_with_fix(cluster)
+    log = await exits_with_fix(cluster, chat_refused=False)
     assert "cannot create the control topic: the bot may not manage topics" in log
     assert "make it an admin of the group with Manage Topics" in log
 
