@@ -8,11 +8,12 @@ control, an unknown error) is not a verdict: the start goes on and meets it agai
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from telegram import ChatMemberAdministrator
 
-from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
 
 CHAT_VARIABLE = "TOPICBUS_CHAT_ID"
 ADMIN_RIGHTS = "Manage Topics and Delete Messages"
@@ -54,8 +55,21 @@ def setup_fix(message: str, chat_id: int) -> str | None:
 
 
 async def check_chat(gateway: TelegramGateway, chat_id: int, bot_id: int) -> ChatVerdict:
-    """``getChat``, then, for a group, ``getChatMember`` for the bot itself."""
-    chat = await gateway.get_chat(chat_id)
+    """``getChat`` and, for a group, ``getChatMember`` for the bot itself. Both are asked at once
+    (two reads, one round trip to Telegram before readiness instead of two); the member answer is
+    looked at only when the chat is a forum group."""
+    member_call = asyncio.create_task(gateway.get_chat_member(chat_id, bot_id), name="chat-check-member")
+    try:
+        verdict = await _verdict(await gateway.get_chat(chat_id), member_call, chat_id)
+    except BaseException:
+        member_call.cancel()
+        await asyncio.gather(member_call, return_exceptions=True)
+        raise
+    await asyncio.gather(member_call, return_exceptions=True)  # never left running (in flight beside getChat)
+    return verdict
+
+
+async def _verdict(chat: CallResult, member_call: asyncio.Task[CallResult], chat_id: int) -> ChatVerdict:
     if not chat.ok:
         fix = setup_fix(chat.message, chat_id) if chat.outcome is Outcome.REJECTED else None
         return ChatVerdict(fix=fix, note=None if fix else f"getChat: {chat.outcome}: {chat.message}")
@@ -69,7 +83,7 @@ async def check_chat(gateway: TelegramGateway, chat_id: int, bot_id: int) -> Cha
                                 f"a supergroup with a new id starting with -100) and update {CHAT_VARIABLE}"))
     if not is_forum:
         return ChatVerdict(fix=f"chat {chat_id} has no topics: turn on Topics in the group's settings")
-    member = await gateway.get_chat_member(chat_id, bot_id)
+    member = await member_call
     if not member.ok:
         fix = setup_fix(member.message, chat_id) if member.outcome is Outcome.REJECTED else None
         return ChatVerdict(fix=fix, note=None if fix else f"getChatMember: {member.outcome}: {member.message}")
