@@ -28,7 +28,9 @@ from topicbus.storage.migrate import apply_migrations
 
 BUSY_TIMEOUT_MS = 5_000
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
-LOCKED_RETRY_ATTEMPTS = 8  # 0.05 s doubling: about 6.4 s in all, on top of busy_timeout
+# Attempts at BEGIN IMMEDIATE while an outside writer holds the file; each waits up to busy_timeout,
+# with pauses of 0.05 s doubling (to 3.2 s) between them. The process's write lock is held meanwhile.
+LOCKED_RETRY_ATTEMPTS = 8
 
 
 class AuthorityLost(Exception):
@@ -153,16 +155,17 @@ class Database(_Reader):
                 raise AuthorityLost("leader lease changed hands")
             yield uow
 
-    def lease_transaction(self) -> AbstractAsyncContextManager[UnitOfWork]:
+    def lease_transaction(self, *, attempts: int = LOCKED_RETRY_ATTEMPTS) -> AbstractAsyncContextManager[UnitOfWork]:
         """The one write without an authority check: the lease row, which *is* the authority.
-        Only ``storage/lease.py`` uses it."""
-        return self._transaction()
+        Only ``storage/lease.py`` uses it. ``attempts=1``: one busy wait, for a periodic write whose
+        next tick is its retry (so it never holds the write lock for several busy waits in a row)."""
+        return self._transaction(attempts)
 
     @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[UnitOfWork]:
+    async def _transaction(self, attempts: int = LOCKED_RETRY_ATTEMPTS) -> AsyncIterator[UnitOfWork]:
         async with self._write_lock:
             try:
-                await self._begin()
+                await self._begin(attempts)
             except BaseException:
                 # Cancelled while BEGIN was queued or running on aiosqlite's thread: it still runs
                 # there, so the ROLLBACK queued behind it ends the transaction instead of leaving it
@@ -199,14 +202,14 @@ class Database(_Reader):
         row = await self.fetch_one("SELECT owner, epoch FROM leader_lease WHERE id = 1")
         return row is not None and (row["owner"], row["epoch"]) == (authority.owner, authority.epoch)
 
-    async def _begin(self) -> None:
+    async def _begin(self, attempts: int) -> None:
         backoff = Backoff(initial=0.05, maximum=3.2)
         while True:
             try:
                 await self._conn.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or backoff.attempts + 1 >= LOCKED_RETRY_ATTEMPTS:
+                if not _is_busy(exc) or backoff.attempts + 1 >= attempts:
                     raise StorageUnavailable(f"cannot start a write transaction: {exc}") from exc
                 logger.bind(phase="storage-busy").warning("database is locked by another writer; waiting")
                 await backoff.sleep()

@@ -39,7 +39,9 @@ class LeaseRepository:
             return Authority(owner, epoch)
 
     async def refresh(self, authority: Authority, now_ms: int) -> bool:
-        async with self._db.lease_transaction() as uow:
+        """Renew the heartbeat. One busy wait at most: the refresh job runs again at its next tick,
+        and meanwhile the journal and every other writer get their turn at the write lock."""
+        async with self._db.lease_transaction(attempts=1) as uow:
             changed = await uow.execute(
                 "UPDATE leader_lease SET heartbeat_at_ms = ? WHERE id = 1 AND owner = ? AND epoch = ?",
                 (now_ms, authority.owner, authority.epoch),

@@ -131,6 +131,44 @@ async def test_an_outside_writer_is_waited_for(tmp_path):
         await db.close()
 
 
+async def test_a_lease_refresh_under_an_outside_writer_waits_once_then_gives_the_write_lock_up(tmp_path):
+    """The refresh job's next tick is its retry: it never holds the process's write lock through
+    several busy waits, so a writer queued behind it (the journal) gets its own turn."""
+    import asyncio
+
+    from loguru import logger
+
+    from topicbus.storage.db import StorageUnavailable
+
+    path = tmp_path / "x.sqlite3"
+    db = await Database.open(path)
+    leases = LeaseRepository(db)
+    authority = await leases.try_acquire("one", now_ms=1_000, stale_after_ms=8_000)
+    retries: list[str] = []
+    sink = logger.add(lambda m: retries.append(m), filter=lambda r: r["extra"].get("phase") == "storage-busy")
+    outside = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        outside.execute("BEGIN IMMEDIATE")
+        refresh = asyncio.create_task(leases.refresh(authority, now_ms=2_000))
+        await asyncio.sleep(0)  # the refresh holds the write lock, its BEGIN waits on the thread
+
+        async def next_writer() -> None:
+            async with db.unit_of_work(authority) as uow:
+                await uow.execute("INSERT INTO runtime_settings VALUES ('next', 'x', 0)")
+
+        queued = asyncio.create_task(next_writer())
+        with pytest.raises(StorageUnavailable):
+            await asyncio.wait_for(refresh, 15)  # one busy wait (5 s), not eight
+        assert retries == []  # it did not wait again while holding the lock
+        outside.execute("COMMIT")
+        await asyncio.wait_for(queued, 15)
+        assert await db.fetch_value("SELECT value FROM runtime_settings WHERE key = 'next'") == "x"
+    finally:
+        logger.remove(sink)
+        outside.close()
+        await db.close()
+
+
 async def test_a_writer_cancelled_while_its_begin_waits_leaves_no_transaction_open(tmp_path):
     import asyncio
 
