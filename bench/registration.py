@@ -9,9 +9,9 @@ separately).
 1. **free slots**: p50/p90 over 20 registrations (10 with ``--quick``);
 2. the registrations go on until the leader refuses one: that shows the capacity and how fast
    a registration is refused when every slot is held by a *live* follower (nothing may rotate);
-3. **full capacity with rotation**: eight followers (three with ``--quick``) disconnect gracefully (their topics are
-   kept for the exit grace, their bindings become inactive — eligible for rotation), then as many
-   new workspaces register. If the leader rotates (retires the longest-inactive binding and reuses its
+3. **full capacity with rotation**: eight followers (three with ``--quick``) disconnect gracefully
+   (their topics are kept for the exit grace, their bindings become inactive — eligible for
+   rotation), then as many new workspaces register. If the leader rotates (retires the longest-inactive binding and reuses its
    letter) this is the registration-with-rotation time; if it refuses with ``slot-unavailable``,
    rotation is not implemented yet and the refusal time is reported instead.
 """

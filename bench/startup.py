@@ -91,7 +91,8 @@ async def _one_start(ctx: Context, fake: BenchFakeBotApi, label: str, settle_s: 
         await leader.stop()
     phases = _phase_times(leader.log_tail(200_000), spawned_wall)
     phases["bus HTTP answering"] = first_http if first_http is not None else float("nan")
-    return {"ready_s": ready, "cpu_at_ready_s": cpu_ready, "rss_at_ready_mb": (rss_ready or 0) / 1024, "rss_idle_mb": (rss_idle or 0) / 1024,
+    return {"ready_s": ready, "cpu_at_ready_s": cpu_ready, "rss_at_ready_mb": (rss_ready or 0) / 1024,
+            "rss_idle_mb": (rss_idle or 0) / 1024,
             "idle_cpu_pct": None if idle_cpu is None else idle_cpu * 100,
             "phases_s": dict(sorted(phases.items(), key=lambda kv: kv[1]))}
 
@@ -119,7 +120,8 @@ async def run(ctx: Context) -> None:
             r = await _one_start(ctx, fake, f"startup-{i}", settle)
             results.append(r)
             phases = ", ".join(f"{k} {v:.2f}" for k, v in r["phases_s"].items())
-            say(f"  start {i + 1}: /healthz 200 after {r['ready_s']:.3f} s ({r['cpu_at_ready_s']:.2f} s of CPU); idle RSS {r['rss_idle_mb']:.1f} MB"
+            say(f"  start {i + 1}: /healthz 200 after {r['ready_s']:.3f} s ({r['cpu_at_ready_s']:.2f} s of CPU);"
+                f" idle RSS {r['rss_idle_mb']:.1f} MB"
                 f" (at ready {r['rss_at_ready_mb']:.1f} MB), idle CPU {r['idle_cpu_pct']:.1f} % of a core;"
                 f" phases [s]: {phases}")
         default_poll = None
@@ -146,6 +148,6 @@ async def run(ctx: Context) -> None:
                        TARGET_COLD_START_S, "lower",
                        "readiness must not wait for the long-poll timeout: the first getUpdates is non-blocking")
     ctx.report.add(f"leader RSS at idle (median of {starts})", idle, "MB", TARGET_IDLE_RSS_MB, "lower")
-    ctx.report.add(f"leader CPU at idle, no followers (median of {starts})", median([r["idle_cpu_pct"] for r in results]),
-                   "% of a core", None, "lower")
+    ctx.report.add(f"leader CPU at idle, no followers (median of {starts})",
+                   median([r["idle_cpu_pct"] for r in results]), "% of a core", None, "lower")
 
