@@ -123,9 +123,9 @@ class OutboxRepository:
                 (error[:500], chat_id, thread_id))
 
     @staticmethod
-    async def retarget_tx(uow: UnitOfWork, binding_key: str, thread_id: int) -> None:
-        """A binding got a new topic: its undelivered output goes there."""
-        await uow.execute("UPDATE outbox SET thread_id = ? WHERE binding_key = ? AND status = 'pending'",
+    async def retarget_tx(uow: UnitOfWork, binding_key: str, thread_id: int) -> int:
+        """A binding got a new topic: its undelivered output goes there. Returns the rows moved."""
+        return await uow.execute("UPDATE outbox SET thread_id = ? WHERE binding_key = ? AND status = 'pending'",
                           (thread_id, binding_key))
 
     async def pending_in(self, chat_id: int, thread_id: int) -> int:

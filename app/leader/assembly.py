@@ -107,7 +107,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     display = DisplayReconciler(term=term, roster=roster, preferences=preferences, control=control, gateway=gateway,
                                 admission=admission, timers=timers, titles=titles, debounce_s=display_debounce_s)
     topics = TopicEvents(term, roster, titles, display.schedule)
-    provisioner = TopicProvisioner(term, gateway, preferences)
+    provisioner = TopicProvisioner(term, gateway, preferences, output_moved=outbound.wake)
     rotation = SlotRotation(term=term, roster=roster, admission=admission, gateway=gateway, gate=provisioner.gate)
     notices = Notices(term, control, outbound.wake)
     handler = DepartureHandler(term, gateway)

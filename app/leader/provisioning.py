@@ -11,6 +11,7 @@ gate so two registrations can never take the same letter or create two topics fo
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from topicbus.bot.gateway import Outcome
@@ -46,8 +47,10 @@ class ProvisionRequest:
 
 
 class TopicProvisioner:
-    def __init__(self, term: LeaderTerm, gateway: ScheduledGateway, preferences: Preferences):
+    def __init__(self, term: LeaderTerm, gateway: ScheduledGateway, preferences: Preferences, *,
+                 output_moved: Callable[[], None]):
         self._term = term
+        self._output_moved = output_moved  # the outbound scheduler reads the outbox's topics again
         self._bindings = BindingRepository(term.db)
         self._gateway = gateway
         self._preferences = preferences
@@ -77,7 +80,9 @@ class TopicProvisioner:
                     await BindingRepository.set_owner_tx(uow, request.owner)
                 await BindingRepository.mark_active_tx(uow, key)
                 # Its undelivered output follows it to the new topic, in the same commit.
-                await OutboxRepository.retarget_tx(uow, key, thread_id)
+                moved = await OutboxRepository.retarget_tx(uow, key, thread_id)
+            if moved:
+                self._output_moved()
             fresh = await self._bindings.get(key)
             assert fresh is not None
             return fresh, True

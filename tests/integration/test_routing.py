@@ -64,6 +64,31 @@ async def test_deleted_topic_is_marked_and_the_follower_gets_a_new_one(env: Lead
     assert again["threadId"] != r["threadId"] and again["slot"] == r["slot"]
 
 
+async def test_output_waiting_for_a_deleted_topic_goes_to_the_binding_s_new_topic(env: LeaderEnv):
+    from tests.support.waiting import wait_until
+    from topicbus.storage.outbox import OutboxRepository
+
+    services = await env.start()
+    r = await env.register("a", cwd="/w", pid=10)
+    old = r["threadId"]
+    env.fake.user_delete_topic(CHAT, old)
+    await OutboxRepository(env.db).enqueue(
+        binding_key=r["bindingKey"], chat_id=CHAT, thread_id=old, instance_id="a", request_id="r1", kind="text",
+        payload={"text": "written while the topic was gone"}, now_ms=env.clock.now_ms(), authority=env.authority)
+    services.outbound.wake(CHAT, old)
+    # Telegram answers "thread not found": the binding is marked deleted, the row stays pending.
+    async def marked_deleted() -> bool:
+        return (await env.binding("/w")).topic_state == "deleted"
+
+    await wait_until(marked_deleted, timeout=10, message="the binding marked deleted by the failed send")
+    again = await env.register("a", cwd="/w", pid=10, generation="g2")
+    assert again["threadId"] != old
+    await env.fake.wait_for(lambda: any(m.text == "written while the topic was gone"
+                                        for m in env.fake.messages_in(CHAT, again["threadId"])), 10,
+                            message="the waiting output in the new topic")
+    assert [m for m in env.fake.messages_in(CHAT, old) if m.text == "written while the topic was gone"] == []
+
+
 async def test_topic_service_messages_update_the_store(env: LeaderEnv):
     services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
