@@ -109,7 +109,11 @@ async def test_a_file_name_over_20_mb_never_runs_as_a_command_in_bash(cluster: C
 
     cluster.fake.push_media(CHAT_ID, "document", thread_id=thread, size=21 * MB, from_id=OWNER_ID,
                             file_name=f"report.pdf\ntouch {marker}\n")
+    # Cleaning "/" alone would not do: a relative path needs none (bash runs in the workspace).
+    cluster.fake.push_media(CHAT_ID, "document", thread_id=thread, size=21 * MB, from_id=OWNER_ID,
+                            file_name="notes.txt\rtouch Y\u2028touch Z\n")
     cluster.fake.push_message(CHAT_ID, "echo sentinel-$((6 * 7))", thread_id=thread, from_id=OWNER_ID)
     await cluster.wait_text(thread, "sentinel-42", timeout=60)  # bash has read and run every line before it
     assert not marker.exists()
+    assert list(work.iterdir()) == []  # no Y, no Z, nothing else made by a piece of a name
     await cluster.wait_text(thread, "Too large for the agent")  # the leader's notice, as before
