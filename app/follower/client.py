@@ -260,8 +260,9 @@ class FollowerClient(BusConnection):
         ``too_large``); no partial bytes are ever returned. :class:`FollowerClosed` when the client
         is not started."""
         data = bytearray()
-        async with self._file_response(file_id) as resp:
-            async for chunk in checked_chunks(resp, size=size, max_bytes=max_bytes):
+        async with self._file_response(file_id) as resp, \
+                contextlib.aclosing(checked_chunks(resp, size=size, max_bytes=max_bytes)) as chunks:
+            async for chunk in chunks:
                 data += chunk
         return bytes(data)
 

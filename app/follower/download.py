@@ -8,10 +8,11 @@ A download that fails in any way raises :class:`FollowerDownloadError` and leave
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import aiohttp
 
@@ -32,7 +33,7 @@ def too_large(size: int, max_bytes: int) -> FollowerDownloadError:
 
 
 async def checked_chunks(resp: aiohttp.ClientResponse, *, size: int | None,
-                         max_bytes: int = DOWNLOAD_LIMIT) -> AsyncIterator[bytes]:
+                         max_bytes: int = DOWNLOAD_LIMIT) -> AsyncGenerator[bytes, None]:
     """The body of a ``/v1/files`` answer, chunk by chunk until its end. Raises
     :class:`FollowerDownloadError` for a status other than 200, a body over ``max_bytes``
     (``too_large``), and, when ``size`` (Telegram's ``fileSize``) is known, a body that runs past it
@@ -53,7 +54,7 @@ async def checked_chunks(resp: aiohttp.ClientResponse, *, size: int | None,
         raise FollowerDownloadError(f"the download ended after {received} of {size} bytes")
 
 
-async def write_new_file(chunks: AsyncIterator[bytes], path: str) -> str:
+async def write_new_file(chunks: AsyncGenerator[bytes, None], path: str) -> str:
     """Write ``chunks`` to a temporary file in ``path``'s directory (made if missing), then
     :func:`place` it at ``path``; returns the path it was saved as. On any error, cancellation
     included, the temporary file is removed and the error propagates."""
@@ -63,8 +64,9 @@ async def write_new_file(chunks: AsyncIterator[bytes], path: str) -> str:
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # umask applies
     try:
         with os.fdopen(fd, "wb") as fh:
-            async for chunk in chunks:
-                fh.write(chunk)
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    fh.write(chunk)
         return place(partial, path)
     except BaseException:
         try:
