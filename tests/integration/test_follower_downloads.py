@@ -3,6 +3,7 @@ whole files or a FollowerDownloadError, nothing partial left on disk, no file ev
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections.abc import AsyncIterator
@@ -57,6 +58,15 @@ async def test_a_taken_name_gets_a_numeric_suffix_and_nothing_is_overwritten(lea
     assert await client.download_to("c", tmp_path / "noext", size=5) == str(tmp_path / "noext")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == {
         "7-1-c.txt": b"already here", "7-1-c-1.txt": b"first", "7-1-c-2.txt": b"second", "noext": b"third"}
+    # Eight downloads to one name at once: eight files, none over another.
+    for i in range(8):
+        leader.files[f"same-{i}"] = f"copy {i}".encode() * 40_000
+    paths = await asyncio.gather(*(client.download_to(f"same-{i}", tmp_path / "same" / "x.bin", size=240_000)
+                                   for i in range(8)))
+    assert sorted(Path(p).name for p in paths) == ["x-1.bin", "x-2.bin", "x-3.bin", "x-4.bin", "x-5.bin",
+                                                   "x-6.bin", "x-7.bin", "x.bin"]
+    assert sorted(Path(p).read_bytes() for p in paths) == sorted(f"copy {i}".encode() * 40_000 for i in range(8))
+    assert len(list((tmp_path / "same").iterdir())) == 8
 
 
 async def test_a_short_broken_oversized_or_refused_download_raises_and_leaves_no_file(
