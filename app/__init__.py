@@ -24,6 +24,7 @@ __all__ = [
     "Edit",
     "FollowerClient",
     "FollowerClosed",
+    "FollowerDownloadError",
     "FollowerError",
     "FollowerRefused",
     "FollowerSendError",
@@ -33,8 +34,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from topicbus.follower.client import (Assignment, Button, ButtonPress, Control, Delivery, DeliveryDeclined,
-                                          Edit, FollowerClient, FollowerClosed, FollowerError, FollowerRefused,
-                                          FollowerSendError, FollowerSuperseded)
+                                          Edit, FollowerClient, FollowerClosed, FollowerDownloadError,
+                                          FollowerError, FollowerRefused, FollowerSendError, FollowerSuperseded)
 
 
 def __getattr__(name: str) -> Any:

@@ -222,6 +222,7 @@ class FakeBotApi:
         self._queries: dict[str, bool] = {}  # callback query id -> answered
         self._messages: dict[tuple[int, int], JSON] = {}  # every message built, for replies
         self._file_sizes: dict[str, int] = {}  # declared sizes of files pushed without content
+        self._served_bytes: dict[str, int] = {}  # files whose download serves only this many bytes
         self._chats: dict[int, _Chat] = {}
         self._topics: dict[tuple[int, int], Topic] = {}
         self._last_id: dict[int, int] = {}
@@ -352,16 +353,20 @@ class FakeBotApi:
                    size: int | None = None, duration: int = 3, file_name: str | None = None,
                    mime_type: str | None = None, caption: str | None = None, media_group_id: str | None = None,
                    file_id: str | None = None, from_id: int = DEFAULT_USER_ID,
-                   reply_to_message_id: int | None = None) -> JSON:
+                   reply_to_message_id: int | None = None, cut_at: int | None = None) -> JSON:
         """Queue a user's media message (``kind`` in :data:`MEDIA_KINDS`) as Telegram shapes it.
         ``content``: the bytes ``getFile`` serves; ``size`` alone declares a file the fake does not
-        hold (over 20 MB ``getFile`` answers "file is too big", as Telegram does)."""
+        hold (over 20 MB ``getFile`` answers "file is too big", as Telegram does). ``cut_at``: the
+        file download serves only the first ``cut_at`` bytes of ``content``, as a complete answer,
+        while the message and ``getFile`` report the whole size (a file served short)."""
         if kind not in MEDIA_KINDS:
             raise ValueError(f"unknown media kind {kind!r}")
         file_id = file_id or f"{kind}-{chat_id}-{self._next_update_id}-{len(self._files) + len(self._file_sizes)}"
         file_size = len(content) if content is not None else size
         if content is not None:
             self._files[file_id] = (file_name or f"{kind}.bin", content)
+            if cut_at is not None:
+                self._served_bytes[file_id] = cut_at
         elif size is not None:
             self._file_sizes[file_id] = size
         ref: JSON = {"file_id": file_id, "file_unique_id": "u" + file_id}
@@ -680,7 +685,9 @@ class FakeBotApi:
         file_id = request.match_info["path"].rsplit("/", 1)[-1]
         if file_id not in self._files:
             return web.Response(status=404, text="Not Found")
-        return web.Response(body=self._files[file_id][1], content_type="application/octet-stream")
+        data = self._files[file_id][1]
+        return web.Response(body=data[:self._served_bytes.get(file_id, len(data))],
+                            content_type="application/octet-stream")
 
     async def _parse(self, request: web.Request) -> JSON:
         raw: dict[str, Any] = dict(request.query)

@@ -10,7 +10,9 @@ and models. Bearer check (401 before the upgrade, optional 503), ``follower.regi
 ``leader.deliver`` (or any raw text frame), drop the socket, answer ``stale-generation``, refuse
 registrations or sends with a given code, lose a send's ack, and send ``leader.superseded``;
 ``control(action)`` and ``button(data)`` push ``control`` / ``button`` deliveries, refused (the test
-fails) unless the follower advertised control-v1 / button-v1.
+fails) unless the follower advertised control-v1 / button-v1. ``GET /v1/files/<fileId>`` serves
+``files`` (Bearer check, 404 for an unknown id); ``served_bytes`` serves a file short as a complete
+answer, ``broken_after`` announces its whole length and breaks the connection after that many bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from aiohttp import WSMsgType, web
 
 from topicbus.protocol import (
     BUS_PATH,
+    FILES_PATH,
     ButtonItem,
     Capabilities,
     ControlItem,
@@ -84,6 +87,9 @@ class FakeLeader:
         self.outbox: dict[tuple[str, str], int] = {}
         self.outbox_items: list[dict[str, Any]] = []  # stored messages, in order, once each
         self._outbox_ids = itertools.count(1)
+        self.files: dict[str, bytes] = {}  # GET /v1/files/<fileId>
+        self.served_bytes: dict[str, int] = {}  # fileId -> serve only this many bytes, as a whole answer
+        self.broken_after: dict[str, int] = {}  # fileId -> announce every byte, break off after this many
         self._deliveries = itertools.count(1)
         self._runner: web.AppRunner | None = None
 
@@ -92,6 +98,7 @@ class FakeLeader:
     async def start(self) -> FakeLeader:
         app = web.Application()
         app.router.add_get(BUS_PATH, self._handle)
+        app.router.add_get(FILES_PATH + "/{file_id}", self._file)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -223,6 +230,26 @@ class FakeLeader:
         assert conn is not None
         await conn.ws.send_str(encode(superseded_frame(conn.instance_id or "", reason)))
         await conn.ws.close()
+
+    # ---- files --------------------------------------------------------------------------------
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Authorization") != f"Bearer {self.secret}":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        file_id = request.match_info["file_id"]
+        if file_id not in self.files:
+            return web.json_response({"error": "not-found"}, status=404)
+        data = self.files[file_id]
+        if file_id in self.broken_after:
+            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            resp.content_length = len(data)
+            await resp.prepare(request)
+            await resp.write(data[:self.broken_after[file_id]])
+            assert request.transport is not None
+            request.transport.close()
+            return resp
+        return web.Response(body=data[:self.served_bytes.get(file_id, len(data))],
+                            content_type="application/octet-stream")
 
     # ---- the bus ------------------------------------------------------------------------------
 

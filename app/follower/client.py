@@ -30,6 +30,10 @@ follower's inline buttons) to ``on_button``. The client advertises ``control-v1`
 never waits behind a message; messages and button presses keep their order. A callback that raises
 :class:`DeliveryDeclined` leaves the item unacknowledged (the leader keeps it), quietly.
 
+Files: :meth:`FollowerClient.download_to` streams an owner's file to disk, and
+:meth:`FollowerClient.download_document` reads one into memory; either gives the whole file, of the
+size Telegram reported, or raises :class:`FollowerDownloadError` and keeps nothing.
+
 Layout: the connection loop (socket, registration, heartbeats, requests) is
 :mod:`topicbus.follower.connection`; public data and errors are :mod:`topicbus.follower.model`.
 """
@@ -37,10 +41,12 @@ Layout: the connection loop (socket, registration, heartbeats, requests) is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp
 from loguru import logger
@@ -52,6 +58,7 @@ from topicbus.follower.connection import (
     _Conn,
     _ConnectionLost,
 )
+from topicbus.follower.download import DOWNLOAD_LIMIT, checked_chunks, write_new_file
 from topicbus.follower.receiving import Receiver
 from topicbus.follower.model import (
     Assignment,
@@ -62,6 +69,7 @@ from topicbus.follower.model import (
     DeliveryDeclined,
     Edit,
     FollowerClosed,
+    FollowerDownloadError,
     FollowerError,
     FollowerRefused,
     FollowerSendError,
@@ -97,6 +105,7 @@ __all__ = [
     "Edit",
     "FollowerClient",
     "FollowerClosed",
+    "FollowerDownloadError",
     "FollowerError",
     "FollowerRefused",
     "FollowerSendError",
@@ -115,6 +124,8 @@ def tls_client_context(ca_file: str | os.PathLike[str] | None) -> ssl.SSLContext
     except (OSError, ssl.SSLError) as exc:
         raise ValueError(f"cannot use the CA file {os.fspath(ca_file)}: {getattr(exc, 'strerror', None) or exc}") from None
 
+
+DOWNLOAD_STALL_S = 60.0  # a file download that receives nothing for this long has failed
 
 # --------------------------------------------------------------------------------------------
 # The client
@@ -220,23 +231,60 @@ class FollowerClient(BusConnection):
         """The terminal error (superseded or refused), if any."""
         return self._fatal
 
-    async def download_document(self, file_id: str, max_bytes: int = 20 * 1024 * 1024) -> bytes:
-        """Fetch a document an owner sent to this follower (``Delivery.document["fileId"]``)."""
-        from urllib.parse import quote, urlsplit, urlunsplit
+    async def download_to(self, file_id: str, path: str | os.PathLike[str], *, size: int | None = None,
+                          max_bytes: int = DOWNLOAD_LIMIT) -> str:
+        """Save an owner's file (``fileId`` of ``Delivery.document`` or of a ``Delivery.files`` entry)
+        at ``path``, streamed, and return the path it was saved as.
 
+        The bytes go, chunk by chunk, to a hidden temporary file in ``path``'s directory (made if
+        missing), which gets its name only once the whole body arrived and, with ``size`` (the
+        file's ``fileSize``; pass it), holds exactly that many bytes. An existing file is never
+        replaced: when ``path`` is taken, the file is saved as ``<stem>-1<ext>``, ``<stem>-2<ext>``…
+
+        Raises :class:`FollowerDownloadError` when the file could not be saved whole: the leader
+        refused it (for example 404 for a file over Telegram's 20 MB), the transfer broke off or
+        stalled for 60 s, the body ended short of ``size`` or ran past it, it is over ``max_bytes``
+        (``too_large`` is then True), or it could not be written. Nothing is left behind then: no
+        partial file, no temporary file. :class:`FollowerClosed` when the client is not started."""
+        async with self._file_response(file_id) as resp:
+            return await write_new_file(checked_chunks(resp, size=size, max_bytes=max_bytes), os.fspath(path))
+
+    async def download_document(self, file_id: str, max_bytes: int = DOWNLOAD_LIMIT, *,
+                                size: int | None = None) -> bytes:
+        """An owner's file (``Delivery.document["fileId"]``), whole, in memory: read until the end of
+        the body and, with ``size`` (``Delivery.document["fileSize"]``), checked to be exactly that
+        long. For large files prefer :meth:`download_to`, which never holds the file in memory.
+
+        Raises :class:`FollowerDownloadError` when the whole file could not be read (refused by the
+        leader, broken off or stalled for 60 s, short of ``size`` or past it, over ``max_bytes``:
+        ``too_large``); no partial bytes are ever returned. :class:`FollowerClosed` when the client
+        is not started."""
+        data = bytearray()
+        async with self._file_response(file_id) as resp, \
+                contextlib.aclosing(checked_chunks(resp, size=size, max_bytes=max_bytes)) as chunks:
+            async for chunk in chunks:
+                data += chunk
+        return bytes(data)
+
+    @contextlib.asynccontextmanager
+    async def _file_response(self, file_id: str) -> AsyncIterator[aiohttp.ClientResponse]:
+        """``GET /v1/files/<fileId>`` with the secret; transport and file errors inside become
+        :class:`FollowerDownloadError`."""
         if self._session is None:
             raise FollowerClosed("the follower client is not started")
         parts = urlsplit(self._url)
         scheme = "https" if parts.scheme == "wss" else "http"
         url = urlunsplit((scheme, parts.netloc, f"{FILES_PATH}/{quote(file_id, safe='')}", "", ""))
-        async with self._session.get(url, headers={"Authorization": f"Bearer {self._secret}"},
-                                     timeout=aiohttp.ClientTimeout(total=max(self._request_timeout, 60))) as resp:
-            if resp.status != 200:
-                raise FollowerError(f"document download failed: HTTP {resp.status}")
-            data = await resp.content.read(max_bytes + 1)
-            if len(data) > max_bytes:
-                raise FollowerError("document is larger than the download limit")
-            return data
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._request_timeout,
+                                        sock_read=max(self._request_timeout, DOWNLOAD_STALL_S))
+        try:
+            async with self._session.get(url, headers={"Authorization": f"Bearer {self._secret}"},
+                                         timeout=timeout) as resp:
+                yield resp
+        except FollowerDownloadError:
+            raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise FollowerDownloadError(f"the download failed: {type(exc).__name__}: {exc}") from None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 

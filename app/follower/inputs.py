@@ -5,60 +5,95 @@ from __future__ import annotations
 import mimetypes
 import os
 import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from loguru import logger
 
 from topicbus.follower.client import FollowerClient
-from topicbus.follower.model import Delivery, Edit
+from topicbus.follower.model import (Delivery, DeliveryDeclined, Edit, FollowerClosed, FollowerDownloadError,
+                                     FollowerError)
+from topicbus.metadata import clean_metadata
+from topicbus.protocol import CAP_FORMAT
 
-__all__ = ["INBOX_DIR", "context_line", "delivery_input", "delivery_text", "edit_text", "save_document",
-           "save_files"]
+__all__ = ["INBOX_DIR", "Received", "context_line", "delivery_input", "delivery_text", "edit_text",
+           "save_document", "save_files", "typed_name"]
 
 INBOX_DIR = os.path.join(".topicbus", "inbox")
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
 _LINE_BREAK = re.compile(r"\r\n|\r")
 _COMPOUND = re.compile(r"\s*(async\s+)?(for|while|if|with|def|class|try|match)\b.*:")
 
 
-def delivery_text(delivery: Delivery, saved_path: str | None = None,
-                  saved_files: list[str | None] | None = None) -> str | None:
+@dataclass(frozen=True)
+class Received:
+    """What became of one file of an owner message: saved at ``path``, or not, and ``problem`` says
+    why: ``"failed"`` (the download failed, broke off, or was not the size Telegram reported) or
+    ``"too large"`` (over the 20 MB that bots may download). ``name`` is the file's clean name
+    (:func:`~topicbus.metadata.clean_metadata`), ``"unnamed"`` when it has none."""
+
+    kind: str
+    name: str
+    path: str | None = None
+    problem: str | None = None
+
+    def line(self) -> str:
+        """``[<kind> <path>]``, ``[<kind> <name> failed]``, ``[<kind> <name> too large]``, or
+        ``[<kind> <name>]`` for a file nobody tried to save."""
+        if self.path is not None:
+            return f"[{self.kind} {self.path}]"
+        return f"[{self.kind} {self.name}{' ' + self.problem if self.problem else ''}]"
+
+
+def typed_name(file: Mapping[str, Any]) -> str:
+    """The name a file is typed with: its clean name, else ``unnamed``."""
+    return clean_metadata(file.get("fileName"), name=True) or "unnamed"
+
+
+def _kind_of(file: Mapping[str, Any], default: str = "document") -> str:
+    kind = file.get("kind")
+    return kind if isinstance(kind, str) and kind else default  # the protocol validated it (FileRef.kind)
+
+
+def _unattempted(file: Mapping[str, Any], kind: str) -> Received:
+    return Received(kind, typed_name(file), problem="too large" if file.get("tooLarge") else None)
+
+
+def delivery_text(delivery: Delivery, saved_path: Received | None = None,
+                  saved_files: Sequence[Received | None] | None = None) -> str | None:
     """The text one delivery types (without the final newline), or None when it carries nothing.
 
-    The text, else the caption, else ``[document <fileName>]``; a multi-line message keeps its line
-    breaks (``\r\n`` and ``\r`` become ``\n``), nothing else is changed. A document saved to disk
-    is announced first as ``[document <path>]``, followed by the caption when there is one.
+    The text, else the caption; a multi-line message keeps its line breaks (``\r\n`` and ``\r``
+    become ``\n``), nothing else is changed: what the owner wrote is typed as written. A document
+    is announced first by :meth:`Received.line` of ``saved_path`` (what :func:`save_document` made
+    of it), ``[document <path>]`` when saved, ``[document <name> failed]`` or ``[document <name> too
+    large]`` when not, followed by the caption when there is one; ``[document <name>]`` when it was
+    not tried. A name is Telegram metadata: it is typed only as :func:`~topicbus.metadata.clean_metadata`
+    makes it, so it never breaks the line.
 
-    A ``media`` delivery (``delivery.files``: voice, audio, video, an album…) types one line per file,
-    ``[<kind> <path>]`` for a file saved (``saved_files``, in the same order), ``[<kind> <name>
-    too large]`` for one over Telegram's 20 MB and ``[<kind> <name>]`` for one that could not be
-    saved; the caption follows the first line."""
+    A ``media`` delivery (``delivery.files``: voice, audio, video, an album…) types one such line
+    per file (``saved_files``, in the same order, from :func:`save_files`; a file without a result
+    is ``[<kind> <name> too large]`` when it is over 20 MB, else ``[<kind> <name>]``); the caption
+    follows the first line."""
     if delivery.files is not None:
         saved = list(saved_files or [])
         lines = []
         for index, file in enumerate(delivery.files):
-            kind = str(file.get("kind") or "document")
-            path = saved[index] if index < len(saved) else None
-            name = file.get("fileName") or "unnamed"
-            if path is not None:
-                lines.append(f"[{kind} {path}]")
-            elif file.get("tooLarge"):
-                lines.append(f"[{kind} {name} too large]")
-            else:
-                lines.append(f"[{kind} {name}]")
+            result = saved[index] if index < len(saved) else None
+            lines.append((result or _unattempted(file, _kind_of(file))).line())
         if not lines:
             return None
         if delivery.caption:
             lines[0] += f" {delivery.caption}"
         return _LINE_BREAK.sub("\n", "\n".join(lines))
     if saved_path is not None:
-        body = f"[document {saved_path}]" + (f" {delivery.caption}" if delivery.caption else "")
+        body = saved_path.line() + (f" {delivery.caption}" if delivery.caption else "")
     elif delivery.text is not None:
         body = delivery.text
     elif delivery.caption is not None:
         body = delivery.caption
     elif delivery.document is not None:
-        file_name = delivery.document.get("fileName")
-        body = f"[document {file_name if isinstance(file_name, str) and file_name else 'unnamed'}]"
+        body = _unattempted(delivery.document, "document").line()
     else:
         return None
     return _LINE_BREAK.sub("\n", body)
@@ -71,7 +106,7 @@ def context_line(delivery: Delivery, limit: int = 200) -> str | None:
     reply = delivery.reply
     if not reply:
         return None
-    whom = "the agent" if reply.get("fromAgent") else (reply.get("fromName") or "a message")
+    whom = "the agent" if reply.get("fromAgent") else (clean_metadata(reply.get("fromName")) or "a message")
     said = reply.get("quote") or reply.get("text") or ""
     said = _first_line(said, limit)
     return f"[reply to {whom}: {said}]" if said else f"[reply to {whom}]"
@@ -98,41 +133,71 @@ def delivery_input(text: str, *, end_blocks: bool = False) -> bytes:
     return data.encode("utf-8", "surrogatepass")
 
 
-async def save_document(client: FollowerClient, delivery: Delivery, inbox: str) -> str | None:
-    """Download an owner's document into ``inbox`` (``<cwd>/.topicbus/inbox``); None on failure
-    (the line then names the document only, so the agent still learns that it was sent)."""
-    return await _save(client, delivery.document or {}, delivery, inbox, "document")
+async def save_document(client: FollowerClient, delivery: Delivery, inbox: str) -> Received | None:
+    """Download an owner's document into ``inbox`` (``<cwd>/.topicbus/inbox``) with :func:`save_files`'
+    rules; None for a delivery without one."""
+    if delivery.document is None:
+        return None
+    return (await _save_all(client, delivery, [delivery.document], inbox, "document"))[0]
 
 
-async def save_files(client: FollowerClient, delivery: Delivery, inbox: str) -> list[str | None]:
-    """Download each file of a ``media`` delivery that can be downloaded (not over 20 MB) into
-    ``inbox``; a path per file, None where it was not saved."""
-    paths: list[str | None] = []
-    for index, file in enumerate(delivery.files or []):
-        if file.get("tooLarge"):
-            paths.append(None)
-            continue
-        paths.append(await _save(client, file, delivery, inbox, str(file.get("kind") or "document"), index))
-    return paths
+async def save_files(client: FollowerClient, delivery: Delivery, inbox: str) -> list[Received]:
+    """Download each file of a ``media`` delivery into ``inbox``; what became of each, in order.
+
+    A file is saved as ``<message id>-<part, from 1>-<clean name>`` (a voice or video note, which has
+    no name, as its kind and its type's extension) with :meth:`FollowerClient.download_to`: streamed,
+    complete and of the size Telegram reported, or not at all; a name that is taken gets ``-1``,
+    ``-2``… before its extension, so no file overwrites another. A file over Telegram's 20 MB (which
+    the leader marks) is not fetched. The topic is told once, in one message, of every file that
+    failed or turned out too large to fetch (the leader already told it of those it marked)."""
+    return await _save_all(client, delivery, list(delivery.files or []), inbox, None)
 
 
-async def _save(client: FollowerClient, doc: dict, delivery: Delivery, inbox: str, kind: str,
-                index: int = 0) -> str | None:
-    file_id = doc.get("fileId")
+async def _save_all(client: FollowerClient, delivery: Delivery, files: list[Mapping[str, Any]], inbox: str,
+                    kind: str | None) -> list[Received]:
+    results = []
+    for index, file in enumerate(files):
+        results.append(await _save(client, file, delivery, inbox, kind or _kind_of(file), index + 1))
+    unsaved = [r for r, file in zip(results, files) if r.problem and not file.get("tooLarge")]
+    if unsaved:
+        await _tell_topic(client, unsaved)
+    return results
+
+
+async def _save(client: FollowerClient, file: Mapping[str, Any], delivery: Delivery, inbox: str, kind: str,
+                part: int) -> Received:
+    name = typed_name(file)
+    if file.get("tooLarge"):
+        return Received(kind, name, problem="too large")
+    file_id = file.get("fileId")
     if not isinstance(file_id, str) or not file_id:
-        return None
-    name = str(doc.get("fileName") or "")
-    if not name:  # voice notes and video notes come without a name: the kind, and the type's extension
-        name = kind + (mimetypes.guess_extension(str(doc.get("mimeType") or "")) or "")
-    name = _UNSAFE_NAME.sub("_", name).strip(". ") or "document"
-    stem = f"{delivery.message_id or delivery.delivery_id}" + (f"-{index + 1}" if index else "")
-    path = os.path.join(inbox, f"{stem}-{name[:100]}")
+        return Received(kind, name, problem="failed")
+    size = file.get("fileSize")
+    on_disk = clean_metadata(file.get("fileName"), name=True)
+    if not on_disk:  # voice notes and video notes come without a name: the kind, and the type's extension
+        on_disk = kind + (mimetypes.guess_extension(str(file.get("mimeType") or "")) or "")
+    stem = clean_metadata(delivery.message_id or delivery.delivery_id, name=True)
     try:
-        data = await client.download_document(file_id)
-        os.makedirs(inbox, exist_ok=True)
-        with open(path, "wb") as fh:
-            fh.write(data)
-    except Exception as exc:  # noqa: BLE001 - the message still reaches the agent
-        logger.warning("follow: file {} not saved ({})", file_id, type(exc).__name__)
-        return None
-    return path
+        path = await client.download_to(file_id, os.path.join(inbox, f"{stem}-{part}-{on_disk}"),
+                                        size=size if isinstance(size, int) and size >= 0 else None)
+    except FollowerDownloadError as exc:
+        logger.warning("follow: file {} not saved ({})", file_id, exc)
+        return Received(kind, name, problem="too large" if exc.too_large else "failed")
+    except FollowerClosed:
+        raise DeliveryDeclined("the follower client is closing") from None
+    return Received(kind, name, path=path)
+
+
+async def _tell_topic(client: FollowerClient, unsaved: list[Received]) -> None:
+    """One message in the topic naming every file that could not be saved, and why."""
+    why = {"too large": "over the 20 MB bots may download"}
+    parts = [f"{r.kind} {r.name} ({why.get(r.problem or '', 'download failed')})" for r in unsaved]
+    text = (f"📎 Not saved for the agent: {', '.join(parts)}. The agent is told that it was sent and not saved. "
+            "Send it again to retry.")
+    try:
+        if CAP_FORMAT in client.leader_capabilities:
+            await client.send_text(text, format="plain")
+        else:
+            await client.send_text(text)
+    except FollowerError as exc:
+        logger.warning("follow: could not tell the topic about an unsaved file ({})", type(exc).__name__)

@@ -15,6 +15,7 @@ __all__ = [
     "DeliveryDeclined",
     "Edit",
     "FollowerClosed",
+    "FollowerDownloadError",
     "FollowerError",
     "FollowerRefused",
     "FollowerSendError",
@@ -40,8 +41,11 @@ class Delivery:
     made with ``media=True``).
 
     ``document``: the file of a message that carries one (for a ``media`` item, its first file that
-    can be downloaded), ``{"fileId", "fileName", "mimeType", "fileSize"}``; fetch it with
-    :meth:`FollowerClient.download_document`. ``files`` (``media`` items only, else None): every file,
+    can be downloaded), ``{"fileId", "fileName", "mimeType", "fileSize"}``; save it with
+    :meth:`FollowerClient.download_to` (streamed to a file, checked against ``fileSize``) or read it
+    with :meth:`FollowerClient.download_document`. ``fileName`` is Telegram metadata chosen by
+    whoever made the file: clean it (:func:`topicbus.metadata.clean_metadata`) before using it in a
+    path or typing it. ``files`` (``media`` items only, else None): every file,
     each also with ``kind`` (``document``, ``photo``, ``voice``, ``audio``, ``video``, ``video_note``,
     ``animation``), ``duration`` (seconds) and ``tooLarge`` (over the Bot API's 20 MB: it cannot be
     fetched); an album is one delivery. ``reply``: what the owner replied to, ``{"messageId", "text",
@@ -99,6 +103,17 @@ class FollowerSendError(FollowerError):
 
 class FollowerClosed(FollowerError):
     """The client was closed (or never started) while the call was waiting."""
+
+
+class FollowerDownloadError(FollowerError):
+    """A file could not be downloaded whole: the leader refused it (HTTP status), the transfer broke
+    off or timed out, it ended before or ran past the size Telegram reported, or it could not be
+    written. ``too_large`` is True when it is over the download limit (Telegram lets bots download
+    20 MB). Nothing of it is kept: no partial or temporary file is left."""
+
+    def __init__(self, message: str, *, too_large: bool = False):
+        super().__init__(message)
+        self.too_large = too_large
 
 
 

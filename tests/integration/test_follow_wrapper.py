@@ -85,8 +85,12 @@ async def test_deliveries_output_and_exit_code(leader: FakeLeader, tmp_path: Pat
 
         await leader.deliver(None, caption="a caption", document={"fileName": "f.txt"})
         await leader.deliver(None, document={"fileName": "f.txt"})
-        await wait_until(lambda: texts_containing(leader, "echo:[document"), timeout=5, message="document line")
-        assert texts_containing(leader, "echo:a caption")
+        def document_lines() -> list[str]:
+            return [line for t in leader.sent_texts() for line in t.splitlines() if line.startswith("echo:[document")]
+
+        await wait_until(lambda: len(document_lines()) == 2, timeout=5, message="document lines")
+        # Neither can be fetched (no fileId): each is typed as failed, the caption after it.
+        assert document_lines() == ["echo:[document f.txt failed] a caption", "echo:[document f.txt failed]"]
 
         await leader.deliver("uni")
         await wait_until(lambda: texts_containing(leader, "uni:"), timeout=5, message="multi-byte output")

@@ -29,3 +29,22 @@ def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("import sqlite3\nfrom topicbus.leader.term import LeaderTerm\nfrom topicbus.core.target import Target\n")
     assert offending(imports(sample)) == ["sqlite3", "topicbus.leader.term"]
+
+
+FOLLOWER = CORE.parent / "follower"
+# docs/architecture.md: the follower side runs on agent machines without the leader's stack.
+FOLLOWER_MAY_USE = ("topicbus.follower", "topicbus.protocol", "topicbus.retry", "topicbus.host", "topicbus.logsetup",
+                    "topicbus.metadata")
+
+
+def test_the_follower_uses_only_the_protocol_and_small_pure_modules() -> None:
+    def foreign(names: set[str]) -> list[str]:
+        return sorted(n for n in names if n.startswith("topicbus")
+                      and not any(n == m or n.startswith(m + ".") for m in FOLLOWER_MAY_USE))
+
+    modules = sorted(FOLLOWER.glob("*.py"))
+    assert len(modules) > 5
+    assert {str(p.name): found for p in modules if (found := foreign(imports(p)))} == {}
+    # The one cleaning function for Telegram metadata is shared with the leader: it imports nothing
+    # of topicbus, so both sides may use it.
+    assert [n for n in imports(CORE.parent / "metadata.py") if n.startswith("topicbus")] == []

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from topicbus.follower.client import Delivery
 from topicbus.follower.follow import OutputBatcher, delivery_text, dropped_marker, exit_code_of, exit_notice, split_text
-from topicbus.follower.inputs import context_line, delivery_input, edit_text
+from topicbus.follower.inputs import Received, context_line, delivery_input, edit_text
 from topicbus.follower.model import Edit
 
 
@@ -159,7 +159,10 @@ def test_delivery_text_keeps_lines() -> None:
     assert delivery_text(_delivery("one\n\ntwo  ")) == "one\n\ntwo  "  # nothing else altered
     assert delivery_text(_delivery(caption="cap\nx", document={"fileName": "f.txt"})) == "cap\nx"
     assert delivery_text(_delivery(document={"fileName": "f.txt"})) == "[document f.txt]"
-    assert delivery_text(_delivery(caption="c", document={"fileName": "f"}), "/in/f") == "[document /in/f] c"
+    assert delivery_text(_delivery(caption="c", document={"fileName": "f"}),
+                         Received("document", "f", path="/in/f")) == "[document /in/f] c"
+    assert delivery_text(_delivery(caption="c", document={"fileName": "f"}),
+                         Received("document", "f", problem="failed")) == "[document f failed] c"
     assert delivery_text(_delivery()) is None
 
 
@@ -170,9 +173,13 @@ def test_media_types_a_line_per_file_with_its_kind_and_the_caption_after_the_fir
              {"fileId": "d", "fileName": "x.mp4", "kind": "video_note", "tooLarge": False}]
     album = Delivery(delivery_id="d", text=None, caption="from the trip", message_id=1, from_user_id=1,
                      from_name="A", date=0, document=None, files=files)
-    assert delivery_text(album, saved_files=["/in/1-voice.ogg", "/in/1-2-trip.jpg", None, None]) == (
-        "[voice /in/1-voice.ogg] from the trip\n[photo /in/1-2-trip.jpg]\n[video demo.mp4 too large]\n"
-        "[video_note x.mp4]")  # saved, saved, over 20 MB, not saved (the download failed)
+    saved = [Received("voice", "unnamed", path="/in/1-1-voice.ogg"), Received("photo", "trip.jpg", path="/in/1-2-trip.jpg"),
+             Received("video", "demo.mp4", problem="too large"), Received("video_note", "x.mp4", problem="failed")]
+    assert delivery_text(album, saved_files=saved) == (
+        "[voice /in/1-1-voice.ogg] from the trip\n[photo /in/1-2-trip.jpg]\n[video demo.mp4 too large]\n"
+        "[video_note x.mp4 failed]")  # saved, saved, over 20 MB, not saved (the download failed)
+    assert delivery_text(album, saved_files=[None, None, None, None]).splitlines()[2:] == [
+        "[video demo.mp4 too large]", "[video_note x.mp4]"]  # not tried
     assert delivery_text(album, saved_files=[]) .splitlines()[0] == "[voice unnamed] from the trip"
 
 
@@ -223,3 +230,19 @@ def test_default_instance_ids_differ_within_one_process_and_millisecond():
 
     clients = [FollowerClient(leader_url="ws://127.0.0.1:1/v1/bus", secret="s" * 8, pid=42) for _ in range(50)]
     assert len({c.instance_id for c in clients}) == 50
+
+
+def test_a_file_name_is_typed_clean_in_every_line() -> None:
+    evil = "report.pdf\ntouch /tmp/X\n"
+    files = [{"fileId": "a", "fileName": evil, "kind": "document", "tooLarge": True},
+             {"fileId": "b", "fileName": evil, "kind": "document", "tooLarge": False},
+             {"fileId": "c", "fileName": evil, "kind": "audio", "tooLarge": False}]
+    delivery = Delivery(delivery_id="d", text=None, caption="the caption\nas written", message_id=5,
+                        from_user_id=1, from_name="A", date=0, document=None, files=files)
+    typed = delivery_text(delivery, saved_files=[None, Received("document", "report.pdf_touch _tmp_X_",
+                                                                problem="failed")])
+    assert typed.splitlines() == ["[document report.pdf_touch _tmp_X_ too large] the caption", "as written",
+                                  "[document report.pdf_touch _tmp_X_ failed]", "[audio report.pdf_touch _tmp_X_]"]
+    message = Delivery(delivery_id="e", text=None, caption=None, message_id=6, from_user_id=1, from_name="A",
+                       date=0, document={"fileId": "f", "fileName": evil})
+    assert delivery_text(message) == "[document report.pdf_touch _tmp_X_]"
