@@ -1,9 +1,10 @@
 """Presses of inline buttons (``callback_query``) → ``leader/buttons``.
 
-Every query is handed over, whoever pressed and whatever it carries: each one must be answered
-(or the presser's client shows a spinner), and strangers and stale presses get an alert. The
-handler only extracts; it never calls Telegram itself (answers and edits go through the outbound
-scheduler in the background). A press that reached the agent is the owner's turn, like a message
+Every query is handed over, whoever pressed and whatever it carries: ``leader/buttons`` decides
+each and offers its answer to the bounded press-answer lane (strangers and stale presses get an
+alert, a stranger at most one a minute; a storm of presses is merged). The handler only extracts;
+it never calls Telegram itself (answers go through the lane, edits through the outbound scheduler,
+both in the background). A press that reached the agent is the owner's turn, like a message
 (``handlers/turns``): the agent's next output starts a new message, which notifies.
 """
 

@@ -62,6 +62,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("topicbus_messages_per_kb", "gauge",
                "Telegram messages, edits and files per 1,000 characters of agent output, this term."),
     MetricSpec("topicbus_display_edits_total", "counter", "Topic titles changed, this term."),
+    MetricSpec("topicbus_press_answers_total", "counter",
+               "Answers to button presses by outcome, this term: queued, sent, and never sent (replaced by a "
+               "newer press of the button, limited: a stranger already alerted this minute, expired, late, full).",
+               label="outcome"),
 )
 _KNOWN = frozenset(spec.name for spec in METRICS)
 

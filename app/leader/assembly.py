@@ -32,6 +32,7 @@ from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundOptions, OutboundScheduler, ScheduledGateway
 from topicbus.leader.preferences import Preferences
+from topicbus.leader.press_answers import PressAnswerLane
 from topicbus.leader.provisioning import TopicProvisioner
 from topicbus.leader.reactions import ReceiptReactions, reaction_emoji
 from topicbus.leader.registration import Registrations
@@ -74,6 +75,7 @@ class LeaderServices:
     agent_commands: AgentCommands
     reactions: ReceiptReactions
     keyboards: Keyboards
+    press_answers: PressAnswerLane
     buttons: ButtonPresses
 
 
@@ -93,6 +95,11 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     outbound = OutboundScheduler(term, telegram, outbound_options,
                                  on_topic_gone=functools.partial(record_topic_gone, term, titles), keyboards=keyboards)
     gateway = ScheduledGateway(telegram, outbound)
+    # Answers to button presses have a bounded lane of their own beside the scheduler (they spend
+    # none of the chat's allowance, and a storm of presses must never delay output); it keeps the
+    # chat's RetryAfter pause.
+    press_answers = PressAnswerLane(telegram, outbound_options.press_answers,
+                                    paused_until=lambda: outbound.budget.paused_until)
     journal = JournalRepository(term.db)
     screen = InboundScreen(journal, term.clock, term.authority, offline_ttl_ms=int(offline_ttl_s * 1000))
     # The receipt reaction is the lowest-priority call, skipped while output is held back.
@@ -124,7 +131,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         on_pruned=roster.pruned)
     router = Router(term, roster, gateway, notices, outbound, timers=timers)
     agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
-    buttons = ButtonPresses(term, router, agent_commands, gateway)
+    buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
                                   admission=admission, mutations=mutations, pruner=pruner, titles=titles,
                                   control=control, on_roster_change=display.schedule)
@@ -139,7 +146,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,
-                          agent_commands=agent_commands, reactions=reactions, keyboards=keyboards, buttons=buttons)
+                          agent_commands=agent_commands, reactions=reactions, keyboards=keyboards,
+                          press_answers=press_answers, buttons=buttons)
 
 
 async def open_term(services: LeaderServices, *, replay: bool = True,
@@ -165,6 +173,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
     elif not await provision_control():
         return False
     s.outbound.start()
+    s.press_answers.start()
     await s.router.start()
     await s.buttons.resume()
     s.agent_commands.queue.start()
@@ -178,6 +187,7 @@ async def close_term(services: LeaderServices) -> None:
     services.display.cancel()
     services.pruner.stop()
     await services.outbound.stop()
+    await services.press_answers.stop()
     await services.roster.close()
     await services.term.close()
     services.term.revoke()

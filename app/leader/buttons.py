@@ -3,7 +3,7 @@
 ``handlers/buttons`` hands every ``callback_query`` to :meth:`ButtonPresses.press`. The press is
 decided here, against the keyboard the outbound scheduler stored (``leader/keyboards``):
 
-* **strangers** (anyone but an owner) get an alert, and nothing changes;
+* **strangers** (anyone but an owner) get an alert (at most one a minute), and nothing changes;
 * **stale presses** get an alert and change nothing: data that is not ours, a keyboard the bot no
   longer knows, a press from another chat or another message than the one the keyboard went out
   on, a follower's buttons whose message was answered already, buttons of an earlier process
@@ -23,10 +23,13 @@ decided here, against the keyboard the outbound scheduler stored (``leader/keybo
   :meth:`~topicbus.leader.agent_commands.AgentCommands.send_control`, only to the registration
   generation that printed the message; the answer says whether it went.
 
-Telegram is never called on the poll loop's path: answers and edits go through the outbound
-scheduler in the background (answers at ANSWER priority without spending the group's allowance,
-the edit at ANSWER priority as a spend). An edit that did not happen before a crash is made when
-the next term starts (:meth:`ButtonPresses.resume`).
+Telegram is never called on the poll loop's path. Each press gets at most one answer, queued in
+the press-answer lane (``leader/press_answers``, decided by ``core/press_answers``): beside the
+outbound scheduler, so output never waits behind presses; merged per user and button; a stranger
+alerted at most once a minute and otherwise not answered; an answer past Telegram's deadline
+(about 15 s after the update arrived) dropped. The edit that shows the choice goes through the
+outbound scheduler at ANSWER priority as a spend. An edit that did not happen before a crash is
+made when the next term starts (:meth:`ButtonPresses.resume`).
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ from loguru import logger
 
 from topicbus.bot.gateway import Outcome
 from topicbus.core.formatting import MAX_MESSAGE, Entity, Rendered
+from topicbus.core.press_answers import Offer
 from topicbus.leader.agent_commands import AgentCommands
 from topicbus.leader.inbound import button_item
 from topicbus.leader.keyboards import parse_callback
 from topicbus.leader.outbound import ScheduledGateway
+from topicbus.leader.press_answers import PressAnswerLane
 from topicbus.leader.routing import Router
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import CAP_BUTTON
@@ -82,6 +87,16 @@ class Press:
     message_id: int | None
     data: str | None
     message: Rendered | None = None  # the pressed message as it reads now (text and entities)
+    arrived_at: float | None = None  # when its update reached the leader (the lane's clock); None: its batch's
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What became of a press, and the answer its presser gets."""
+
+    outcome: str
+    text: str
+    alert: bool = False
 
 
 def with_choice(message: Rendered | None, label: str) -> Rendered | None:
@@ -107,11 +122,13 @@ def _restored(stored: dict | None) -> Rendered | None:
 
 
 class ButtonPresses:
-    def __init__(self, term: LeaderTerm, router: Router, commands: AgentCommands, gateway: ScheduledGateway):
+    def __init__(self, term: LeaderTerm, router: Router, commands: AgentCommands, gateway: ScheduledGateway,
+                 answers: PressAnswerLane):
         self._term = term
         self._router = router
         self._commands = commands
         self._gateway = gateway
+        self._answers = answers
         self._keyboards = KeyboardRepository(term.db)
         self._bindings = BindingRepository(term.db)
         self._showing: set[str] = set()  # keyboards whose choice is being shown now
@@ -121,48 +138,50 @@ class ButtonPresses:
         """Serve one press; returns what became of it (``sent``, ``kept``, ``repeat``, ``interrupted``,
         ``stranger``, ``stale``, ``answered``, ``earlier-process``, ``ended``, ``cannot-take``, or the
         reason an interrupt was not sent)."""
-        outcome = await self._decide(press, by_owner)
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-        logger.bind(phase="button").info("button press {} by {}: {}", press.update_id,
-                                         "an owner" if by_owner else "a stranger", outcome)
-        return outcome
+        arrived_at = press.arrived_at
+        if arrived_at is None:
+            arrived_at = self._answers.now() - self._router.batch_age_s()
+        verdict = await self._decide(press, by_owner)
+        self.outcomes[verdict.outcome] = self.outcomes.get(verdict.outcome, 0) + 1
+        offer = self._answer(press, verdict, by_owner=by_owner, arrived_at=arrived_at)
+        # A press whose answer was merged away or not given (a stranger's storm) is logged at DEBUG only.
+        level = "INFO" if offer in (Offer.QUEUED, None) else "DEBUG"
+        logger.bind(phase="button").log(level, "button press {} by {}: {} (answer {})", press.update_id,
+                                        "an owner" if by_owner else "a stranger", verdict.outcome,
+                                        offer or "none")
+        return verdict.outcome
 
-    async def _decide(self, press: Press, by_owner: bool) -> str:
+    async def _decide(self, press: Press, by_owner: bool) -> Verdict:
         if not by_owner:
-            self._answer(press, STRANGER, alert=True)
-            return "stranger"
+            return Verdict("stranger", STRANGER, alert=True)
         parsed = parse_callback(press.data)
         keyboard = await self._keyboards.get(parsed[0]) if parsed is not None else None
         button = keyboard.button(parsed[1]) if keyboard is not None and parsed is not None else None
         if (keyboard is None or button is None or press.chat_id != keyboard.chat_id
                 or (keyboard.message_id is not None and press.message_id != keyboard.message_id)):
-            self._answer(press, STALE, alert=True)
-            return "stale"
+            return Verdict("stale", STALE, alert=True)
         assert parsed is not None
         if keyboard.kind == INTERRUPT:
             return await self._interrupt(press, keyboard)
         return await self._choose(press, keyboard, parsed[1], button)
 
     # --- a follower's buttons ---------------------------------------------------------------------
-    async def _choose(self, press: Press, keyboard: Keyboard, index: int, button: dict[str, str]) -> str:
+    async def _choose(self, press: Press, keyboard: Keyboard, index: int, button: dict[str, str]) -> Verdict:
         label = button["text"]
         if keyboard.answered:
             return await self._answered_before(press, keyboard)
         record = self._router.live_follower(keyboard.binding_key)
         if record is not None and record.instance_id != keyboard.instance_id:
-            self._answer(press, EARLIER_PROCESS, alert=True)
-            return "earlier-process"
+            return Verdict("earlier-process", EARLIER_PROCESS, alert=True)
         if record is None:
             # Offline. The process may still come back (a leader restart, a network gap) only while the
             # binding's owner record names it: a departure (its exit, a proven death) removes that.
             owner = await self._bindings.owner(keyboard.binding_key)
             if owner is None or owner.instance_id != keyboard.instance_id:
-                self._answer(press, ENDED, alert=True)
-                return "ended"
+                return Verdict("ended", ENDED, alert=True)
         takes = CAP_BUTTON in record.capabilities if record is not None else keyboard.takes_presses
         if takes is False:
-            self._answer(press, CANNOT_TAKE, alert=True)
-            return "cannot-take"
+            return Verdict("cannot-take", CANNOT_TAKE, alert=True)
         shown = with_choice(press.message, label)
         item = button_item(button["data"], press.message_id, press.user_id)
 
@@ -177,44 +196,33 @@ class ButtonPresses:
             current = await self._keyboards.get(keyboard.token)
             return await self._answered_before(press, current or keyboard)
         online = record is not None
-        self._answer(press, (SENT if online else KEPT_OFFLINE).format(label=label))
         self._show_later(keyboard.token)
-        return "sent" if online else "kept"
+        return Verdict("sent" if online else "kept", (SENT if online else KEPT_OFFLINE).format(label=label))
 
-    async def _answered_before(self, press: Press, keyboard: Keyboard) -> str:
+    async def _answered_before(self, press: Press, keyboard: Keyboard) -> Verdict:
         chosen = keyboard.button(keyboard.answered_index)
         label = chosen["text"] if chosen is not None else "?"
         if keyboard.shown_at_ms is None:
             self._show_later(keyboard.token)  # the edit that shows the choice has not happened yet
         if keyboard.answered_update_id == press.update_id:  # the same press, fetched again after a crash
-            self._answer(press, SENT.format(label=label))
-            return "repeat"
-        self._answer(press, ALREADY.format(label=label), alert=True)
-        return "answered"
+            return Verdict("repeat", SENT.format(label=label))
+        return Verdict("answered", ALREADY.format(label=label), alert=True)
 
     # --- the Interrupt button -----------------------------------------------------------------------
-    async def _interrupt(self, press: Press, keyboard: Keyboard) -> str:
+    async def _interrupt(self, press: Press, keyboard: Keyboard) -> Verdict:
         outcome = await self._commands.send_control(keyboard.binding_key, "interrupt", message_id=press.message_id,
                                                     generation=keyboard.registration_generation,
                                                     origin=f"q{press.update_id}", notify=False)
         if outcome.sent:
-            self._answer(press, INTERRUPTED)
-            return "interrupted"
-        self._answer(press, INTERRUPT_REFUSED.get(outcome.reason, outcome.text), alert=True)
-        return outcome.reason
+            return Verdict("interrupted", INTERRUPTED)
+        return Verdict(outcome.reason, INTERRUPT_REFUSED.get(outcome.reason, outcome.text), alert=True)
 
     # --- Telegram, in the background ----------------------------------------------------------------
-    def _answer(self, press: Press, text: str, *, alert: bool = False) -> None:
+    def _answer(self, press: Press, verdict: Verdict, *, by_owner: bool, arrived_at: float) -> Offer | None:
         if press.chat_id is None:
-            return  # a press on an inline-mode message: there is no chat to pace it in (never ours)
-        self._term.spawn(self._send_answer(press, text, alert))
-
-    async def _send_answer(self, press: Press, text: str, alert: bool) -> None:
-        assert press.chat_id is not None
-        result = await self._gateway.answer_press(press.chat_id, press.thread_id, press.query_id, text, alert=alert)
-        if not result.ok:
-            logger.bind(phase="button").info("button press {} not answered ({}: {})", press.update_id,
-                                             result.outcome, result.message)
+            return None  # a press on an inline-mode message: never ours
+        return self._answers.offer((press.user_id, press.chat_id, press.message_id, press.data), press.query_id,
+                                   verdict.text, alert=verdict.alert, by_owner=by_owner, arrived_at=arrived_at)
 
     def _show_later(self, token: str) -> None:
         if token not in self._showing:

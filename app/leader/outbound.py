@@ -5,7 +5,7 @@ Every outbound Bot API call of a term goes through :class:`OutboundScheduler`:
 * the durable outbox (agent output and the leader's notices), topic by topic, planned by
   :func:`topicbus.core.output.plan` — coalesced messages, growing live messages, files, pings — and
   sent by :class:`~topicbus.leader.output_sender.OutputSender`;
-* other calls (topic create/edit/close/reopen/delete, probes, reactions, button answers) through
+* other calls (topic create/edit/close/reopen/delete, probes, reactions, showing a button's choice) through
   :meth:`OutboundScheduler.call`, usually via :class:`ScheduledGateway`, which has the gateway's methods
   with a priority each.
 
@@ -13,6 +13,10 @@ It spends :class:`~topicbus.core.budget.ChatBudget` by priority (control answers
 answers to buttons and prompts, then output, then title edits), topics in turn (least recently
 served first), and pauses the whole chat for what ``RetryAfter`` says. Order inside a topic never
 changes. It replaces PTB's ``AIORateLimiter`` (docs/operations.md, "The outbound budget").
+
+Answers to button presses (``answerCallbackQuery``) are not its calls: they have a bounded lane of
+their own (``leader/press_answers``), whose calls a second are taken off the scheduler's share of the
+bot's (:meth:`OutboundOptions.scheduler_budget`), so no storm of presses can delay output.
 
 Telegram calls go out one at a time, each checked against the budget when it goes and counted when
 its answer came, as ever. What surrounds an output call — reading the payloads, settling the rows in
@@ -30,20 +34,20 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
 from topicbus.core.budget import BudgetConfig, ChatBudget, Priority
 from topicbus.core.formatting import Rendered
 from topicbus.core.output import Idle, OutputConfig, Ping, Single, Wait, plan
+from topicbus.core.press_answers import PressAnswerConfig, scheduler_share
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicKey, TopicOutput
 from topicbus.leader.term import LeaderTerm
 from topicbus.storage.outbox import OutboxRepository
 
 CALL_DEADLINE_S = 60.0
-ANSWER_DEADLINE_S = 10.0  # Telegram lets a button press be answered for a few seconds only
 WAKE_DEBOUNCE_S = 0.02
 STEPS_IN_FLIGHT = 4  # topics with a step in progress at once (each topic at most one)
 SKIPPED = "skipped under pressure"
@@ -57,6 +61,16 @@ class OutboundOptions:
     output: OutputConfig = OutputConfig()
     max_items: int = 1000
     max_bytes: int = 16 * 1024 * 1024
+
+    @property
+    def press_answers(self) -> PressAnswerConfig:
+        """The press-answer lane's share of the bot's calls a second (``leader/press_answers``)."""
+        return PressAnswerConfig.within(self.budget.overall_per_second)
+
+    def scheduler_budget(self) -> BudgetConfig:
+        """The chat's budget as the scheduler spends it: the bot's calls a second less the lane's."""
+        return replace(self.budget, overall_per_second=scheduler_share(self.budget.overall_per_second,
+                                                                       self.press_answers))
 
 
 @dataclass
@@ -78,7 +92,7 @@ class OutboundScheduler:
         self._term = term
         self._repo = OutboxRepository(term.db)
         self.options = options
-        self.budget = ChatBudget(options.budget)
+        self.budget = ChatBudget(options.scheduler_budget())
         self._output = options.output
         self._sender = OutputSender(term, gateway, self._output_call, options.output, wake=self.wake,
                                     on_topic_gone=on_topic_gone, keyboards=keyboards)
@@ -220,7 +234,7 @@ class OutboundScheduler:
                     await self._wake.wait()
             except TimeoutError:
                 continue
-            # A call (a topic to create, a press to answer) goes at once, and so does the next step once
+            # A call (a topic to create, a choice to show) goes at once, and so does the next step once
             # one ended or while steps are in progress; new output alone: let a burst of sends land first.
             if not (self._calls or self._hurry or self._steps or self._calling):
                 await self._debounce()
@@ -228,7 +242,7 @@ class OutboundScheduler:
 
     async def _debounce(self) -> None:
         """Output: let a burst of sends land before planning. A call (a topic to create or delete, a
-        press to answer) goes at once, also when it arrives during this pause: it ends the pause."""
+        choice to show) goes at once, also when it arrives during this pause: it ends the pause."""
         self._call_waiting.clear()
         try:
             async with asyncio.timeout(WAKE_DEBOUNCE_S):
@@ -396,15 +410,6 @@ class ScheduledGateway:
         return await self._scheduler.call(Priority.OUTPUT, chat_id, thread_id,
                                           lambda: self._gateway.send_chat_action(chat_id, thread_id, action),
                                           spends=False)
-
-    async def answer_press(self, chat_id: int, thread_id: int | None, query_id: str, text: str, *,
-                           alert: bool = False) -> CallResult:
-        """Answer a button press: an answer to a person waiting, which spends none of the group's
-        allowance (SPEC §9.1) but honours a RetryAfter pause; given up after a few seconds, when
-        Telegram no longer takes it."""
-        return await self._scheduler.call(Priority.ANSWER, chat_id, thread_id,
-                                          lambda: self._gateway.answer_callback_query(query_id, text, alert=alert),
-                                          spends=False, deadline_s=ANSWER_DEADLINE_S)
 
     async def show_choice(self, chat_id: int, thread_id: int | None, message_id: int,
                           message: Rendered | None) -> CallResult:

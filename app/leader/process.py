@@ -175,6 +175,7 @@ class LeaderProcess:
                 "topicbus_display_passes_total": services.display.passes,
                 "topicbus_display_edits_total": services.display.edits,
                 **services.outbound.metrics(),
+                "topicbus_press_answers_total": services.press_answers.counts,
             })
         return values
 

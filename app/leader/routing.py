@@ -164,6 +164,13 @@ class Router:
         if batch:
             await self._journal_and_deliver(batch, received_at)
 
+    def batch_age_s(self) -> float:
+        """How long ago the getUpdates batch being handled arrived (0 outside a batch): an update's
+        age when its handler runs (a press's answer is due about 15 s after it arrived)."""
+        if self._batch is None or self._batch_received_at is None:
+            return 0.0
+        return max(0.0, time.perf_counter() - self._batch_received_at)
+
     async def flush_batch(self) -> None:
         """Journal and deliver the owner messages queued so far in this batch, now: a reserved
         command then acts after the messages sent before it. Outside a batch: nothing to do."""

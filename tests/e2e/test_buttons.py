@@ -1,7 +1,9 @@
 """Inline buttons end to end (issue 12 §4 and §6): a real leader process against the fake Bot API,
 real ``topicbus follow`` processes and a real ``FollowerClient`` program. A yes/no prompt gets Yes
 and No buttons and a press types the answer; the Interrupt button interrupts a printing child and
-ignores strangers; a ``FollowerClient`` sees a press exactly once across a leader SIGKILL."""
+ignores strangers; a ``FollowerClient`` sees a press exactly once across a leader SIGKILL; a storm of
+presses, a stranger's or an owner's on an answered prompt, neither delays another agent's echo nor
+gets more than a few answers (issue 20)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import json
 import signal
 import sqlite3
 import textwrap
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.harness import CHAT_ID, OWNER_ID, SECRET, Cluster, Proc
+from tests.e2e.harness import CHAT_ID, ECHO_AGENT, OWNER_ID, SECRET, Cluster, Proc
 from tests.fakebotapi import SentMessage
 from topicbus.leader.buttons import ALREADY, INTERRUPTED, SENT, STRANGER
 from topicbus.leader.keyboards import INTERRUPT_LABEL
@@ -213,3 +217,98 @@ async def stop(proc: Proc) -> None:
         await proc.wait(10)
     except (TimeoutError, asyncio.TimeoutError):
         proc.kill()
+
+
+# --- storms of presses (issue 20) ------------------------------------------------------------------------
+
+PRESSES = 500
+BOT_RATE = 30  # Telegram's calls a second for one bot, as in production (the rest of the budget is unlimited)
+# Answering every press at the bot's rate would hold output back this long (17 s); answered in its own
+# bounded lane, the presses cost the echo only the time to read them. Half of it is the deadline.
+STORM_S = PRESSES / BOT_RATE
+ECHO_DEADLINE = STORM_S / 2
+
+
+@dataclass
+class Storm:
+    """A prompt agent and an echo agent under one leader at the bot's real rate."""
+
+    cluster: Cluster
+    prompt: SentMessage
+    prompt_thread: int
+    echo_thread: int
+    data: dict[str, str]  # the prompt's buttons: label -> callback data
+
+    async def echo_s(self, text: str, deadline: float) -> float:
+        """Seconds from an owner message in the echo agent's topic to the agent's answer there."""
+        started = time.monotonic()
+        self.cluster.fake.push_message(CHAT_ID, text, thread_id=self.echo_thread, from_id=OWNER_ID)
+        await self.cluster.wait_text(self.echo_thread, f"echo: {text}", deadline)
+        return time.monotonic() - started
+
+    def press(self, times: int, *, from_id: int, label: str = "Yes") -> list[dict[str, Any]]:
+        """``times`` presses of one button, pushed as fast as the fake takes them."""
+        assert self.prompt.message_id is not None
+        return [self.cluster.fake.push_callback_query(CHAT_ID, self.prompt.message_id, self.data[label],
+                                                      from_id=from_id) for _ in range(times)]
+
+    async def all_read(self) -> None:
+        """Every update so far was handled (the leader confirmed them all)."""
+        await self.cluster.wait_for(lambda: not self.cluster.fake.pending_updates(), DEADLINE, "the presses read")
+
+    def answers(self, updates: list[dict[str, Any]]) -> list[Any]:
+        return [a for u in updates for a in self.cluster.fake.answers_to(u)]
+
+
+async def storm_setup(cluster: Cluster) -> Storm:
+    await cluster.start_leader(TOPICBUS_RATE_LIMIT_PER_SECOND=str(BOT_RATE), TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    await cluster.start_follower(cluster.tmp / "prompt", script=PROMPT_AGENT)
+    await cluster.start_follower(cluster.tmp / "echo", script=ECHO_AGENT)
+    prompt_thread = (await cluster.wait_follower_topic(cluster.tmp / "prompt"))["threadId"]
+    echo_thread = (await cluster.wait_follower_topic(cluster.tmp / "echo"))["threadId"]
+    prompt = await cluster.wait_for(lambda: keyed(cluster, prompt_thread, "Continue? [y/N]"), DEADLINE,
+                                    lambda: f"the prompt with buttons: {cluster.texts_in(prompt_thread)}")
+    await cluster.wait_text(echo_thread, "agent ready")
+    return Storm(cluster, prompt, prompt_thread, echo_thread, callbacks(prompt))
+
+
+async def test_a_strangers_press_storm_gets_one_alert_and_does_not_delay_another_agents_echo(cluster: Cluster):
+    storm = await storm_setup(cluster)
+    await storm.echo_s("before", DEADLINE)
+
+    presses = storm.press(PRESSES, from_id=STRANGER_ID)
+    await storm.echo_s("during", ECHO_DEADLINE)  # behind all 500 presses in the update queue
+
+    await storm.all_read()
+    await cluster.wait_for(lambda: storm.answers(presses), DEADLINE, "the stranger's alert")
+    answers = storm.answers(presses)
+    assert [(a.text, a.show_alert) for a in answers] == [(STRANGER, True)]  # one alert a minute, nothing more
+    assert len(cluster.fake.calls_to("answerCallbackQuery")) == 1
+    # Nothing reached the agent, and its buttons still work for the owner, once.
+    assert storm.prompt.reply_markup is not None and "answer=" not in "\n".join(cluster.texts_in(storm.prompt_thread))
+    (owner,) = storm.press(1, from_id=OWNER_ID)
+    await cluster.wait_text(storm.prompt_thread, "answer=y")
+    assert await answer(cluster, owner) == (SENT.format(label="Yes"), False)
+
+
+async def test_an_owners_press_storm_on_an_answered_prompt_does_not_delay_another_agents_echo(cluster: Cluster):
+    storm = await storm_setup(cluster)
+    (first,) = storm.press(1, from_id=OWNER_ID)
+    await cluster.wait_text(storm.prompt_thread, "answer=y")
+    assert await answer(cluster, first) == (SENT.format(label="Yes"), False)
+    await cluster.wait_for(lambda: storm.prompt.reply_markup is None, DEADLINE, "the buttons removed")
+
+    presses = storm.press(PRESSES, from_id=OWNER_ID)  # a client that still shows the buttons
+    await storm.echo_s("during", ECHO_DEADLINE)
+
+    await storm.all_read()
+    await cluster.wait_for(lambda: storm.answers(presses), DEADLINE, "an answer to the storm")
+    answers = storm.answers(presses)
+    # Merged: one answer for the first press, then at most one a second for the latest (a burst read
+    # in a few seconds gets a few); never one per press.
+    assert answers and len(answers) <= PRESSES // 25
+    assert {(a.text, a.show_alert) for a in answers} == {(ALREADY.format(label="Yes"), True)}
+    # The press that counted reached the agent once; the storm typed nothing more.
+    await storm.echo_s("after", DEADLINE)
+    assert "\n".join(cluster.texts_in(storm.prompt_thread)).count("answer=") == 1

@@ -17,6 +17,7 @@ LEADING = {
     "topicbus_budget_used": 13, "topicbus_budget_per_minute": 20, "topicbus_budget_paused_seconds": 0.5,
     "topicbus_outbox_backlog_items": 9, "topicbus_outbox_backlog_chars": 12_000, "topicbus_outbound_edits_total": 3,
     "topicbus_outbound_files_total": 1, "topicbus_output_chars_total": 40_000, "topicbus_messages_per_kb": 0.4,
+    "topicbus_press_answers_total": {"queued": 3, "sent": 2, "limited": 498},
 }
 
 
