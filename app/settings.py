@@ -98,6 +98,7 @@ class Settings(BaseSettings):
     bus_ping_interval_s: float = Field(default=20.0, gt=0)
     bus_write_timeout_s: float = Field(default=10.0, gt=0)
     bus_send_queue_kb: int = Field(default=1024, ge=64)
+    bus_max_downloads: int = Field(default=4, ge=1)
     health_poll_deadline_s: float = Field(default=60.0, gt=0)
 
     _placeholders: frozenset[str] = PrivateAttr(default=frozenset())

@@ -17,7 +17,8 @@ What it fakes, with Telegram's real error strings and HTTP status codes:
   ``TOPIC_CLOSED`` (``closed_topics_refuse_sends``);
 * ``sendMessage``, ``sendDocument`` (multipart upload, bytes kept), ``sendChatAction``,
   ``deleteMessage``, ``getFile`` (``file is too big`` over the 20 MB bots may download) and
-  ``/file/bot<token>/<path>`` downloads; ``setMessageReaction`` (recorded in ``reactions``; only
+  ``/file/bot<token>/<path>`` downloads (``cut_file`` makes one break off after some bytes);
+  ``setMessageReaction`` (recorded in ``reactions``; only
   emoji from :data:`ALLOWED_REACTIONS`, only on messages that exist);
 * small stubs: ``getChat``, ``getChatMember`` (the bot is an admin with ``can_manage_topics`` unless
   ``bot_is_admin=False``), ``getForumTopicIconStickers``;
@@ -227,6 +228,7 @@ class FakeBotApi:
         self._topics: dict[tuple[int, int], Topic] = {}
         self._last_id: dict[int, int] = {}
         self._files: dict[str, tuple[str, bytes]] = {}
+        self._file_cuts: dict[str, int] = {}  # file id -> bytes served before the connection drops
         self._updates: list[JSON] = []
         self._next_update_id = 1
         self._active_poll: _Poll | None = None
@@ -686,8 +688,20 @@ class FakeBotApi:
         if file_id not in self._files:
             return web.Response(status=404, text="Not Found")
         data = self._files[file_id][1]
-        return web.Response(body=data[:self._served_bytes.get(file_id, len(data))],
-                            content_type="application/octet-stream")
+        data = data[:self._served_bytes.get(file_id, len(data))]
+        if (cut := self._file_cuts.get(file_id)) is None:
+            return web.Response(body=data, content_type="application/octet-stream")
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = len(data)
+        await response.prepare(request)
+        await response.write(data[:cut])
+        if request.transport is not None:
+            request.transport.abort()
+        return response
+
+    def cut_file(self, file_id: str, after_bytes: int) -> None:
+        """Downloads of this file announce its whole size but break off after ``after_bytes``."""
+        self._file_cuts[file_id] = after_bytes
 
     async def _parse(self, request: web.Request) -> JSON:
         raw: dict[str, Any] = dict(request.query)

@@ -6,17 +6,20 @@ it is checked first; PTB normalises messages ("Topic_not_modified"), so we match
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
+import aiohttp
 from telegram import (Bot, BotCommand, BotCommandScopeChat, InlineKeyboardButton, InlineKeyboardMarkup, InputFile,
                       MessageEntity, ReactionTypeEmoji)
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
 
+from topicbus.bot.application import telegram_tls_context
 from topicbus.core.formatting import Rendered
 
 
@@ -26,6 +29,10 @@ InlineKeys = Sequence[Sequence[tuple[str, str]]]
 TOPIC_GONE_MARKERS = ("message thread not found", "thread not found", "topic_id_invalid", "topic not found",
                       "topic_deleted", "topic deleted")
 FORUM_ICON_COLORS = (0x6FB9F0, 0xFFD67E, 0xCB86DB, 0x8EEE98, 0xFF93B2, 0xFB6F5F)
+
+DOWNLOAD_CHUNK_BYTES = 64 * 1024  # a file's bytes are read (and passed on) this much at a time
+DOWNLOAD_CONNECT_TIMEOUT_S = 10.0
+DOWNLOAD_READ_TIMEOUT_S = 30.0  # no byte of a file from Telegram for this long: the download failed
 
 
 class Outcome(StrEnum):
@@ -55,6 +62,42 @@ _BOT_URL_TOKEN = re.compile(r"(/(?:file/)?bot)[^/\s\"']+")
 def redact_bot_urls(text: str) -> str:
     """Bot API URLs carry the token (``…/bot<token>/getMe``); this keeps the URL and drops the token."""
     return _BOT_URL_TOKEN.sub(r"\1<token>", text)
+
+
+def describe_download_error(exc: BaseException) -> str:
+    """A failed file download in words, without its URL's token (aiohttp puts the URL in some messages)."""
+    text = str(exc)
+    return redact_bot_urls(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+class DownloadInterrupted(Exception):
+    """A file's bytes stopped before their end, or did not match the size announced: the network,
+    a timeout, a short or long body. The message names no URL (no token)."""
+
+
+class FileStream:
+    """An open download of a Telegram file (from :meth:`TelegramGateway.open_download`): its size when
+    Telegram announced one, and its bytes in chunks of at most :data:`DOWNLOAD_CHUNK_BYTES`, read from
+    the network as they are asked for, so a file is never held whole in memory."""
+
+    def __init__(self, response: aiohttp.ClientResponse, size: int | None):
+        self._response = response
+        self.size = size
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The file's bytes in order; :class:`DownloadInterrupted` when they stop before the end
+        or go past the size announced."""
+        received = 0
+        try:
+            async for chunk in self._response.content.iter_chunked(DOWNLOAD_CHUNK_BYTES):
+                received += len(chunk)
+                if self.size is not None and received > self.size:
+                    raise DownloadInterrupted(f"more than the {self.size} bytes announced")
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise DownloadInterrupted(describe_download_error(exc)) from None
+        if self.size is not None and received != self.size:
+            raise DownloadInterrupted(f"{received} of the {self.size} bytes announced")
 
 
 def retry_after_seconds(exc: RetryAfter) -> float:
@@ -191,13 +234,47 @@ class TelegramGateway:
         return await self._call(self.bot.set_my_commands([BotCommand(c, d) for c, d in commands],
                                                          scope=BotCommandScopeChat(chat_id)))
 
-    async def download(self, file_id: str) -> CallResult:
-        """getFile + download; Bot API bots can fetch files up to 20 MB."""
-        async def fetch() -> bytes:
-            file = await self.bot.get_file(file_id)
-            return bytes(await file.download_as_bytearray())
+    @contextlib.asynccontextmanager
+    async def open_download(self, file_id: str) -> AsyncIterator[CallResult]:
+        """``getFile``, then the file's bytes as a stream: the result's value is a :class:`FileStream`,
+        to be read inside the ``async with`` block (leaving it closes the connection). Bot API bots
+        can fetch files up to 20 MB (over it, "file is too big": REJECTED, as is an unknown file).
 
-        return await self._call(fetch())
+        The bytes are fetched with aiohttp rather than PTB, whose ``File.download_*`` read a whole
+        file into memory first; with the TLS context of PTB's own clients and, like httpx, the
+        proxy environment (``HTTPS_PROXY``…). The file's URL carries the bot token: no error names it.
+        """
+        found = await self._call(self.bot.get_file(file_id))
+        if not found.ok:
+            yield found
+            return
+        url, announced = found.value.file_path or "", found.value.file_size
+        if not url.startswith(("http://", "https://")):
+            yield CallResult(Outcome.REJECTED, "Telegram gave no downloadable file path")
+            return
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=DOWNLOAD_CONNECT_TIMEOUT_S,
+                                        sock_read=DOWNLOAD_READ_TIMEOUT_S)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=telegram_tls_context()),
+                                         timeout=timeout, trust_env=True) as session:
+            try:
+                response = await session.get(url, headers={"Accept-Encoding": "identity"})
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                yield CallResult(Outcome.AMBIGUOUS, describe_download_error(exc))
+                return
+            async with response:
+                if response.status != 200:
+                    # 4xx: Telegram no longer has the file (a path expires after an hour); else it may be back later.
+                    definite = 400 <= response.status < 500 and response.status != 429
+                    yield CallResult(Outcome.REJECTED if definite else Outcome.AMBIGUOUS,
+                                     f"file download: HTTP {response.status}")
+                    return
+                # A compressed body's length is not the file's (the server should not compress: identity asked).
+                length = None if response.headers.get("Content-Encoding", "identity") != "identity" else (
+                    response.content_length)
+                if length is not None and announced and length != announced:
+                    yield CallResult(Outcome.AMBIGUOUS, f"file download: {length} bytes, {announced} announced")
+                    return
+                yield CallResult(Outcome.OK, value=FileStream(response, length if length is not None else announced))
 
 
 def _markup(buttons: InlineKeys | InlineKeyboardMarkup | None) -> InlineKeyboardMarkup | None:

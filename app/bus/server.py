@@ -15,16 +15,23 @@ No peer can hold the leader up (docs/operations.md, "Connection limits"):
   interval; the WebSocket handshake and the registration after it have deadlines; WebSocket
   ping/pong drops half-open peers;
 * with a certificate and key the bus speaks TLS (``wss://``, ``https://``).
+
+``GET /v1/files/<fileId>`` streams a document from Telegram to the follower chunk by chunk (a chunk
+is written before the next one is read), so the leader holds about one chunk per download, never
+a file; at most ``BUS_MAX_DOWNLOADS`` stream at once (:class:`DownloadSlots`), and a follower that
+leaves a chunk unread for ``BUS_WRITE_TIMEOUT_S`` is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import ipaddress
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +39,7 @@ from typing import Any, Protocol
 from aiohttp import WSCloseCode, WSMsgType, web
 from loguru import logger
 
+from topicbus.bot.gateway import DownloadInterrupted, FileStream
 from topicbus.bus.follower_socket import FollowerSocket
 from topicbus.bus.guard import ConnectionGuard, effective_max_connections
 from topicbus.bus.metrics import Snapshot
@@ -58,6 +66,7 @@ class BusLimits:
     write_timeout_s: float = 10.0
     send_queue_bytes: int = 1024 * 1024
     idle_grace_s: float = 0.25  # a new connection's time to send its request before it counts as idle
+    max_downloads: int = 4  # files streamed from Telegram at once; further requests wait their turn
 
     @classmethod
     def from_settings(cls, settings: Any) -> BusLimits:
@@ -68,7 +77,8 @@ class BusLimits:
                    register_timeout_s=settings.bus_register_timeout_s,
                    ping_interval_s=settings.bus_ping_interval_s,
                    write_timeout_s=settings.bus_write_timeout_s,
-                   send_queue_bytes=settings.bus_send_queue_kb * 1024)
+                   send_queue_bytes=settings.bus_send_queue_kb * 1024,
+                   max_downloads=settings.bus_max_downloads)
 
 
 class TlsConfigurationError(Exception):
@@ -118,7 +128,36 @@ class LeaderBus(Protocol):
 
     def connection_closed(self, connection: FollowerSocket) -> None: ...
 
-    async def fetch_document(self, file_id: str) -> bytes | None: ...
+    def open_document(self, file_id: str) -> AbstractAsyncContextManager[FileStream | None]:
+        """A routed document's bytes, streamed while the block runs; None when it is not served."""
+        ...
+
+
+class DownloadSlots:
+    """At most ``limit`` files stream at once; a request past them waits for a free one. It waits
+    rather than being refused (503): a follower treats every answer but 200 as a failed download,
+    and a waiting request holds a connection but no file. Every download frees its place in
+    bounded time: Telegram has ``DOWNLOAD_READ_TIMEOUT_S`` to send each chunk, the follower
+    ``BUS_WRITE_TIMEOUT_S`` to take it."""
+
+    def __init__(self, limit: int):
+        self._free = asyncio.Semaphore(limit)
+        self.active = 0
+        self.waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        self.waiting += 1
+        try:
+            await self._free.acquire()
+        finally:
+            self.waiting -= 1
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            self._free.release()
 
 
 class BusServer:
@@ -138,6 +177,7 @@ class BusServer:
         self.epoch = 0
         self.polling = False
         self.leader: LeaderBus | None = None  # once published
+        self.downloads = DownloadSlots(self._limits.max_downloads)
         self._runner: web.AppRunner | None = None
         self._connections: set[FollowerSocket] = set()
         self.bound_port: int | None = None
@@ -280,10 +320,38 @@ class BusServer:
         if (refused := self._refusal(request)) is not None:
             return refused
         assert leader is not None
-        data = await leader.fetch_document(request.match_info["file_id"])
-        if data is None:
-            return web.json_response({"error": "not-found"}, status=404)
-        return web.Response(body=data, content_type="application/octet-stream")
+        file_id = request.match_info["file_id"]
+        async with self.downloads.slot(), leader.open_document(file_id) as stream:
+            if stream is None:
+                return web.json_response({"error": "not-found"}, status=404)
+            return await self._stream_file(request, file_id, stream)
+
+    async def _stream_file(self, request: web.Request, file_id: str, stream: FileStream) -> web.StreamResponse:
+        """The file's chunks as they come from Telegram, with Content-Length when Telegram gave the
+        size. Once the answer has begun a failure can only cut it: the connection is aborted, so the
+        follower sees a body shorter than announced (or an unfinished chunked one), never a whole file."""
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        if stream.size is not None:
+            response.content_length = stream.size
+        await response.prepare(request)
+        log = logger.bind(phase="files")
+        try:
+            async for chunk in stream.chunks():
+                async with asyncio.timeout(self._limits.write_timeout_s):
+                    await response.write(chunk)
+            async with asyncio.timeout(self._limits.write_timeout_s):
+                await response.write_eof()
+            return response
+        except DownloadInterrupted as exc:
+            log.warning("file {} from Telegram broke off ({}); its download is cut", file_id, exc)
+        except TimeoutError:
+            log.info("file {}: the follower stopped reading for {:g} s; its download is cut", file_id,
+                     self._limits.write_timeout_s)
+        except ConnectionError:
+            log.info("file {}: the follower closed the connection before the end", file_id)
+        if request.transport is not None:
+            request.transport.abort()
+        return response
 
     # --- WebSocket --------------------------------------------------------------------------------
     async def _bus(self, request: web.Request) -> web.StreamResponse:

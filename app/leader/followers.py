@@ -6,9 +6,11 @@ use case (registration, departure, routing) and turns domain refusals into proto
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from topicbus import __version__
+from topicbus.bot.gateway import FileStream
 from topicbus.leader.delivery import FollowerConnection
 from topicbus.leader.departure import CleanupUnconfirmed, Departures
 from topicbus.leader.registration import Registrations
@@ -65,5 +67,5 @@ class FollowerDesk:
     def connection_closed(self, connection: FollowerConnection) -> None:
         self._roster.connection_closed(connection)
 
-    async def fetch_document(self, file_id: str) -> bytes | None:
-        return await self._router.fetch_document(file_id)
+    def open_document(self, file_id: str) -> AbstractAsyncContextManager[FileStream | None]:
+        return self._router.open_document(file_id)

@@ -34,6 +34,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -427,5 +428,6 @@ class ScheduledGateway:
                                           lambda: self._gateway.set_message_reaction(chat_id, message_id, emoji),
                                           spends=False)
 
-    async def download(self, file_id: str) -> CallResult:
-        return await self._gateway.download(file_id)  # not a send: no budget
+    def open_download(self, file_id: str) -> AbstractAsyncContextManager[CallResult]:
+        """A file's bytes as a stream (:meth:`TelegramGateway.open_download`): not a send, no budget."""
+        return self._gateway.open_download(file_id)

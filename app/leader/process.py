@@ -160,6 +160,8 @@ class LeaderProcess:
             "topicbus_leader": 1 if self.server.role == "leader" else 0,
             "topicbus_epoch": self.server.epoch,
             "topicbus_followers": len(services.roster) if services else 0,
+            "topicbus_downloads_active": self.server.downloads.active,
+            "topicbus_downloads_waiting": self.server.downloads.waiting,
         }
         if services is not None and leadership is not None:
             router = services.router

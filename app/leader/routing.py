@@ -32,6 +32,7 @@ from typing import Any
 
 from loguru import logger
 
+from topicbus.bot.gateway import FileStream
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.startup import Timers
 from topicbus.leader.delivery import FollowerConnection
@@ -287,13 +288,19 @@ class Router:
         if entry is not None and entry.binding_key:
             await self._roster.hub.receipt(entry.binding_key, delivery_id)
 
-    async def fetch_document(self, file_id: str) -> bytes | None:
-        """The bytes of a document an owner sent, only if it was routed to a follower (the bus is
-        not a general proxy for Telegram files)."""
+    @asynccontextmanager
+    async def open_document(self, file_id: str) -> AsyncIterator[FileStream | None]:
+        """The bytes of a document an owner sent, streamed from Telegram while the block runs; only
+        if it was routed to a follower (the bus is not a general proxy for Telegram files). None
+        when it was not, or Telegram does not give it (unknown, over 20 MB, unreachable)."""
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", file_id) or not await self.journal.has_file(file_id):
-            return None
-        result = await self._gateway.download(file_id)
-        return result.value if result.ok else None
+            yield None
+            return
+        async with self._gateway.open_download(file_id) as result:
+            if not result.ok:
+                logger.bind(phase="files").info("file {} not served: {} ({})", file_id, result.outcome.value,
+                                                result.message)
+            yield result.value if result.ok else None
 
     # --- outbound ---------------------------------------------------------------------------------
     async def accept_output(self, entry: FollowerRecord, req: SendRequest) -> dict[str, Any]:

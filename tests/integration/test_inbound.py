@@ -23,6 +23,12 @@ from tests.integration.leader_env import CHAT, LeaderEnv
 WAIT = 10.0  # condition deadlines: long-poll 0.5 s, album window 1 s, outbox rescans, a busy box
 
 
+async def fetched(services: LeaderServices, file_id: str) -> bytes | None:
+    """A routed file's bytes as /v1/files streams them; None when it is not served."""
+    async with services.router.open_document(file_id) as stream:
+        return None if stream is None else b"".join([chunk async for chunk in stream.chunks()])
+
+
 def caps(*types: str) -> dict[str, Any]:
     return follower_identity("test", Capabilities.for_follower(["message", *types]))
 
@@ -191,7 +197,7 @@ async def test_every_media_kind_reaches_a_media_follower_as_a_file_with_its_kind
         (file,) = item["files"]
         assert file["kind"] == kind and file["duration"] == duration and file["tooLarge"] is False
         assert file["fileSize"] == len(f"<{kind} bytes>")
-        assert await services.router.fetch_document(file["fileId"]) == f"<{kind} bytes>".encode()
+        assert await fetched(services, file["fileId"]) == f"<{kind} bytes>".encode()
 
 
 async def test_a_follower_without_media_v1_gets_each_file_as_a_document_as_before(env: LeaderEnv, polled: Polled):
@@ -205,7 +211,7 @@ async def test_a_follower_without_media_v1_gets_each_file_as_a_document_as_befor
     assert voice["document"]["fileName"] == "voice.ogg" and voice["document"]["mimeType"] == "audio/ogg"
     assert pdf["document"] == {"fileId": pdf["document"]["fileId"], "fileName": "spec.pdf",
                                "mimeType": "application/pdf", "fileSize": 4}
-    assert await services.router.fetch_document(voice["document"]["fileId"]) == b"ogg"
+    assert await fetched(services, voice["document"]["fileId"]) == b"ogg"
 
 
 async def test_a_file_over_20_mb_gets_a_notice_and_the_agent_is_told_it_was_too_large(env: LeaderEnv,
@@ -218,7 +224,7 @@ async def test_a_file_over_20_mb_gets_a_notice_and_the_agent_is_told_it_was_too_
     assert file["tooLarge"] is True and file["fileSize"] == 25 * 1024 * 1024 and item["caption"] == "the demo"
     notice = await polled.wait_notice(thread, "Too large for the agent")
     assert "video" in notice and "25.0 MB" in notice and "20 MB" in notice
-    assert await services.router.fetch_document(file["fileId"]) is None  # Telegram: "file is too big"
+    assert await fetched(services, file["fileId"]) is None  # Telegram: "file is too big"
 
 
 async def test_an_album_is_one_item_with_every_file_and_what_follows_waits_for_it(env: LeaderEnv, polled: Polled):
@@ -236,7 +242,7 @@ async def test_an_album_is_one_item_with_every_file_and_what_follows_waits_for_i
     album, question = await polled.wait_items("a", 2)
     assert album["type"] == "media" and album["caption"] == "the trip"
     assert [f["kind"] for f in album["files"]] == ["photo", "photo", "video"]
-    assert [await services.router.fetch_document(f["fileId"]) for f in album["files"]] == [b"p1", b"p2", b"v3"]
+    assert [await fetched(services, f["fileId"]) for f in album["files"]] == [b"p1", b"p2", b"v3"]
     assert question["text"] == "what do you see?"
     assert await polled.statuses() == ["pending", "merged", "merged", "pending"]
     await polled.ack_all("a")

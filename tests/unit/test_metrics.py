@@ -10,6 +10,7 @@ from topicbus.bus.metrics import METRICS, render
 
 LEADING = {
     "topicbus_leader": 1, "topicbus_epoch": 7, "topicbus_followers": 3,
+    "topicbus_downloads_active": 2, "topicbus_downloads_waiting": 1,
     "topicbus_routed_total": 40, "topicbus_delivered_total": 39, "topicbus_registrations_total": 5,
     "topicbus_outbound_sent_total": 12, "topicbus_outbound_retry_after_total": 2,
     "topicbus_updates_seen_total": 44, "topicbus_route_latency_ms": {"0.5": 1.25, "0.99": 9.5},
