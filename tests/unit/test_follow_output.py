@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from topicbus.follower.child import child_environment
+from topicbus.follower.hardening import forget_secret_environment
 from topicbus.follower.output import (
     DROPPED_BACKLOG,
     DROPPED_UNREACHABLE,
@@ -132,6 +133,12 @@ def test_child_environment_has_no_secrets() -> None:
                              "TOPICBUS_LEADER_URL": "ws://x", "HOME": "/h"}, pty=False)
     assert env == {"PATH": "/bin", "TOPICBUS_LEADER_URL": "ws://x", "HOME": "/h"}
     assert child_environment({"TERM": "dumb"}, pty=True)["TERM"] == "xterm-256color"
+
+
+def test_follow_forgets_its_secrets_once_read() -> None:
+    environ = {"PATH": "/bin", "TOPICBUS_BUS_SECRET": "s", "TOPICBUS_BOT_TOKEN": "t", "TOPICBUS_LEADER_URL": "ws://x"}
+    assert sorted(forget_secret_environment(environ)) == ["TOPICBUS_BOT_TOKEN", "TOPICBUS_BUS_SECRET"]
+    assert environ == {"PATH": "/bin", "TOPICBUS_LEADER_URL": "ws://x"}
 
 
 # ---- pty mode (pyte) ----------------------------------------------------------------------------
