@@ -221,12 +221,13 @@ def read_secret_fd(fd: int) -> str:
         while (data := os.read(fd, MAX_SECRET_BYTES)) and size <= MAX_SECRET_BYTES:
             chunks.append(data)
             size += len(data)
-    except OSError as exc:
+    except OSError as exc:  # not open, or not for reading (then it is left as it is: stderr, say)
         problem = f"--secret-fd: cannot read descriptor {fd} ({exc.strerror or type(exc).__name__})"
-    finally:
+    else:
         _close_descriptor(fd)
     if problem is None and size > MAX_SECRET_BYTES:
         problem = f"--secret-fd: descriptor {fd} holds more than {MAX_SECRET_BYTES // 1024} KiB"
+    secret = ""
     try:
         secret = b"".join(chunks).decode("utf-8").strip() if problem is None else ""
     except UnicodeDecodeError:
