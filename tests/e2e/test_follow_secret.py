@@ -68,7 +68,7 @@ def _topicbus_for_nobody(cwd: Path) -> list[str]:
     candidates = [[sys.executable, "-m", "topicbus"]]
     for python in (shutil.which("python3.11"), "/usr/bin/python3.11", "/usr/local/bin/python3.11"):
         if python and os.path.realpath(python) != os.path.realpath(sys.executable):
-            candidates.append([python, "-c", _BOOT, site_packages])
+            candidates.append([python, "-S", "-c", _BOOT, site_packages])  # -S: none of its own packages
     tried = []
     for command in candidates:
         try:
