@@ -36,7 +36,14 @@ note, audio, video, each file of an album) is saved under .topicbus/inbox and ty
 "[<kind> <path>]". CMD's output is posted to the topic, monospace, without colour codes, with
 carriage-return progress bars and backspace spinners shown in their final state; stderr lines
 are marked with ⚠. Output that ends at a yes/no prompt ([y/N], [Y/n], (yes/no)) gets Yes/No
-buttons; a press types the answer.
+buttons; a press types the answer. A line longer than a message (4,096 characters) is posted in
+pieces as it comes. While the leader is reachable nothing is dropped: when it holds as much of
+CMD's output as it takes, CMD waits in its write, as on a slow terminal.
+
+The bus secret stays here: CMD's environment holds no TOPICBUS_* secret, and follow makes itself
+non-dumpable, so CMD (or any process of the same user) cannot read follow's environment or memory.
+A secret file CMD's user can read, CMD can read: --secret-fd takes the secret from a descriptor a
+supervisor opened instead.
 
 In the topic: /interrupt (Ctrl-C), /kill (SIGTERM, then SIGKILL after 5 s), /eof (end of input),
 //text (types /text). Here: Ctrl-C goes to CMD; a second Ctrl-C within 2 s stops CMD and follow.
@@ -62,13 +69,22 @@ def _pty_size(value: str) -> tuple[int, int]:
     return int(columns), int(rows)
 
 
+def _descriptor(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError("expected a file descriptor number, e.g. 3")
+    return int(value)
+
+
 def _add_credentials(command: argparse.ArgumentParser, trusted_for: str) -> None:
     """The bus secret (a file or the environment preferred) and the CA to trust, for commands that talk to
     the leader."""
     command.add_argument("--secret-file", metavar="PATH",
                          help=f"read the bus secret from PATH (default: {ENV_PREFIX}BUS_SECRET)")
+    command.add_argument("--secret-fd", metavar="N", type=_descriptor,
+                         help="read the bus secret from the inherited file descriptor N (to its end), then close "
+                              "it: from a supervisor, so that no file the agent's user can read holds it")
     command.add_argument("--secret", metavar="S", help="the bus secret itself; visible to every user in `ps`, "
-                                                       "prefer --secret-file or the environment")
+                                                       "prefer --secret-file, --secret-fd or the environment")
     command.add_argument("--ca-file", metavar="PATH",
                          help=f"CA bundle or self-signed certificate to trust for {trusted_for} "
                               f"(default: {ENV_PREFIX}BUS_CA_FILE)")
@@ -190,6 +206,53 @@ def cmd_leader() -> int:
     return _run_with_signals(main)
 
 
+MAX_SECRET_BYTES = 64 * 1024
+
+
+def read_secret_fd(fd: int) -> str:
+    """The bus secret read from the inherited descriptor ``fd`` to its end (surrounding whitespace
+    removed), which is then closed (0, 1 and 2 are pointed at /dev/null instead), so that nothing
+    started later inherits it. Exits 2 with a readable message when it cannot be read, is empty or
+    longer than 64 KiB. The secret itself is never printed."""
+    chunks: list[bytes] = []
+    size = 0
+    problem = None
+    try:
+        while (data := os.read(fd, MAX_SECRET_BYTES)) and size <= MAX_SECRET_BYTES:
+            chunks.append(data)
+            size += len(data)
+    except OSError as exc:  # not open, or not for reading (then it is left as it is: stderr, say)
+        problem = f"--secret-fd: cannot read descriptor {fd} ({exc.strerror or type(exc).__name__})"
+    else:
+        _close_descriptor(fd)
+    if problem is None and size > MAX_SECRET_BYTES:
+        problem = f"--secret-fd: descriptor {fd} holds more than {MAX_SECRET_BYTES // 1024} KiB"
+    secret = ""
+    try:
+        secret = b"".join(chunks).decode("utf-8").strip() if problem is None else ""
+    except UnicodeDecodeError:
+        problem = f"--secret-fd: descriptor {fd} does not hold UTF-8 text"
+    if problem is None and not secret:
+        problem = f"--secret-fd: descriptor {fd} is empty"
+    if problem is not None:
+        _config_exit([problem])
+    return secret
+
+
+def _close_descriptor(fd: int) -> None:
+    try:
+        if fd <= 2:  # stdin, stdout, stderr stay open (on /dev/null), as everything expects
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, fd, inheritable=True)
+            finally:
+                os.close(null)
+        else:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def read_secret_file(path: str) -> str:
     """The bus secret stored in the file ``path`` (surrounding whitespace removed); exits 2 with a
     readable message when it cannot be read or is empty. The secret itself is never printed."""
@@ -205,6 +268,11 @@ def read_secret_file(path: str) -> str:
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
+    from topicbus.follower.hardening import forget_secret_environment, make_undumpable
+
+    # First, before any secret is read: from now on a process of the same user (the agent) can read
+    # neither this process's environment nor its memory (docs/operations.md, "What the agent can see").
+    make_undumpable()
     settings = _settings_or_exit()
     argv = list(args.argv)
     if argv and argv[0] == "--":
@@ -212,9 +280,10 @@ def cmd_follow(args: argparse.Namespace) -> int:
     if not argv:
         _config_exit(["follow: a command is required: topicbus follow [OPTIONS] -- CMD [ARGS...]"])
     secret = _secret(args, settings, "follow")
+    forget_secret_environment()  # read now; nothing started later inherits them
     if not secret:
         _config_exit([settings.placeholder_problem("bus_secret") if settings.is_placeholder("bus_secret")
-                      else f"{ENV_PREFIX}BUS_SECRET: required (the leader's secret; or --secret-file)"])
+                      else f"{ENV_PREFIX}BUS_SECRET: required (the leader's secret; or --secret-file, --secret-fd)"])
     leader_url = args.leader or settings.leader_url
     if not leader_url.startswith(("ws://", "wss://")):
         _config_exit(["--leader: must start with ws:// or wss://"])
@@ -232,10 +301,14 @@ def cmd_follow(args: argparse.Namespace) -> int:
 
 
 def _secret(args: argparse.Namespace, settings: Settings, command: str) -> str:
-    """The bus secret: ``--secret-file``, else ``--secret`` (with a warning: argv is public), else
-    TOPICBUS_BUS_SECRET; empty when there is none."""
-    if args.secret and args.secret_file:
-        _config_exit([f"{command}: --secret and --secret-file exclude each other"])
+    """The bus secret: ``--secret-fd``, ``--secret-file`` or ``--secret`` (with a warning: argv is
+    public), else TOPICBUS_BUS_SECRET; empty when there is none."""
+    given = [name for name, value in (("--secret", args.secret), ("--secret-file", args.secret_file),
+                                      ("--secret-fd", args.secret_fd)) if value is not None]
+    if len(given) > 1:
+        _config_exit([f"{command}: {' and '.join(given)} exclude each other"])
+    if args.secret_fd is not None:
+        return read_secret_fd(args.secret_fd)
     if args.secret:
         print("topicbus: warning: --secret is visible to every user of this machine (ps, /proc); "
               f"prefer --secret-file or {ENV_PREFIX}BUS_SECRET", file=sys.stderr)

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from topicbus.follower.child import Child, FdReader
-from topicbus.follower.output import STDERR_MARK, LineCleaner, OutputBatcher
+from topicbus.follower.output import DROPPED_BACKLOG, DROPPED_UNREACHABLE, STDERR_MARK, LineCleaner, OutputBatcher
 from topicbus.follower.terminal import ScreenRenderer
 
 __all__ = ["OutputCapture"]
@@ -25,8 +25,9 @@ __all__ = ["OutputCapture"]
 #: came for this long (a grandchild may hold them open for ever).
 EXIT_QUIET_S = 0.2
 #: Backpressure: while the leader is reachable, reading stops once this much output waits here (the
-#: leader answers backlog-full when Telegram is slower than the child), and resumes at half of it.
-#: While the leader is unreachable reading goes on, and the batcher's drop-oldest bound applies.
+#: leader answers backlog-full when Telegram is slower than the child), and resumes at half of it:
+#: the child then waits in its write, as on a slow terminal, and nothing is dropped. While the
+#: leader is unreachable reading goes on, and the batcher's drop-oldest bound applies.
 HOLD_BYTES = 256 * 1024
 HOLD_CHECK_S = 0.5
 
@@ -41,6 +42,8 @@ class OutputCapture:
         self._leader_reachable = leader_reachable
         self._hold_bytes = hold_bytes
         self.held = False
+        self._reading = asyncio.Event()  # set while not held
+        self._reading.set()
         self.batcher = batcher
         self.renderer = renderer
         self._loop = asyncio.get_running_loop()
@@ -67,26 +70,33 @@ class OutputCapture:
     def _on_data(self, stream: str, data: bytes) -> None:
         now = self._loop.time()
         self.last_output_at = now
+        cause = self._drop_cause()
         if self.renderer is not None:
-            self.batcher.feed(self.renderer.feed(data, now), now)
+            self.batcher.feed(self.renderer.feed(data, now), now, drop_cause=cause)
         else:
             text = self._decoders[stream].decode(data)
             cleaned = self._cleaners[stream].feed(text)
             for other, cleaner in self._cleaners.items():  # keep the order across streams
-                if other != stream and cleaned and cleaner.has_partial:
-                    self.batcher.feed(cleaner.take_partial(0, force=True) + "\n", now)
-            self.batcher.feed(cleaned, now)
+                if other != stream and cleaned and cleaner.line_open:
+                    self.batcher.feed(cleaner.break_line(), now, drop_cause=cause)
+            self.batcher.feed(cleaned, now, drop_cause=cause)
         self.batcher.touch(now)
         self._wake.set()
         if not self.held and self.batcher.pending_bytes > self._hold_bytes and self._leader_reachable():
             self.held = True
+            self._reading.clear()
             for reader in self._readers:
                 reader.pause()
+
+    def _drop_cause(self) -> str:
+        """Why output would be dropped now, should the batcher's bound be reached."""
+        return DROPPED_BACKLOG if self._leader_reachable() else DROPPED_UNREACHABLE
 
     def _release_if_drained(self) -> None:
         """Resume reading once the backlog halved, or at once when the leader is not reachable."""
         if self.held and (self.batcher.pending_bytes <= self._hold_bytes // 2 or not self._leader_reachable()):
             self.held = False
+            self._reading.set()
             for reader in self._readers:
                 reader.resume()
 
@@ -107,14 +117,27 @@ class OutputCapture:
 
     async def drain_after_exit(self, cap_s: float = 2.0) -> None:
         """The child has exited: take what is still readable, until the descriptors close, nothing
-        came for :data:`EXIT_QUIET_S`, or ``cap_s`` passed; then stop reading."""
-        deadline = self._loop.time() + cap_s
+        came for :data:`EXIT_QUIET_S`, or ``cap_s`` of reading passed; then stop reading.
+
+        While reading is held (backpressure: the leader is reachable and takes the backlog) none of
+        that counts: what the child wrote before it exited is still in the pipe, and it is read once
+        the backlog has shrunk (or the leader became unreachable)."""
+        loop = self._loop
+        deadline = loop.time() + cap_s
+        reading_since = loop.time()
         while not self._all_closed.is_set():
-            now = self._loop.time()
-            if now >= deadline or now - self.last_output_at >= EXIT_QUIET_S:
+            if self.held:
+                paused_at = loop.time()
+                await self._reading.wait()
+                reading_since = loop.time()
+                deadline += reading_since - paused_at
+                continue
+            now = loop.time()
+            quiet_since = max(self.last_output_at, reading_since)
+            if now >= deadline or now - quiet_since >= EXIT_QUIET_S:
                 break
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(deadline, self.last_output_at + EXIT_QUIET_S) - now):
+                async with asyncio.timeout(min(deadline, quiet_since + EXIT_QUIET_S) - now):
                     await self._all_closed.wait()
         self.stop_reading()
 
@@ -127,7 +150,8 @@ class OutputCapture:
         self.stop_reading()
         now = self._loop.time()
         for stream, decoder in self._decoders.items():
-            self.batcher.feed(self._cleaners[stream].feed(decoder.decode(b"", final=True)), now)
+            self.batcher.feed(self._cleaners[stream].feed(decoder.decode(b"", final=True)), now,
+                              drop_cause=self._drop_cause())
         self._take_partials(now, force=True)
         self._ended = True
         self._wake.set()
@@ -136,11 +160,13 @@ class OutputCapture:
 
     def _take_partials(self, now: float, force: bool = False) -> None:
         quiet_for = now - self.last_output_at
+        cause = self._drop_cause()
         if self.renderer is not None:
-            self.batcher.feed(self.renderer.take_partial(quiet_for, now, force=force), self.last_output_at)
+            self.batcher.feed(self.renderer.take_partial(quiet_for, now, force=force), self.last_output_at,
+                              drop_cause=cause)
             return
         for cleaner in self._cleaners.values():
-            self.batcher.feed(cleaner.take_partial(quiet_for, force=force), self.last_output_at)
+            self.batcher.feed(cleaner.take_partial(quiet_for, force=force), self.last_output_at, drop_cause=cause)
 
     def _next_wake(self) -> float | None:
         times = [self.batcher.deadline()]

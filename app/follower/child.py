@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import fcntl
 import os
-import re
 import signal
 import struct
 import termios
@@ -28,18 +26,17 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from topicbus.follower.hardening import PR_SET_PDEATHSIG, is_secret_name, prctl
+
 __all__ = ["Child", "FdReader", "StdinClosed", "StdinStalled", "StdinWriter", "child_environment", "spawn"]
 
 TERMINATE_GRACE_S = 5.0
 READ_CHUNK_BYTES = 64 * 1024
-#: Environment variables a child never inherits: the bus secret and the bot token (and any other
-#: TOPICBUS_* secret or token) would let the agent's code impersonate any workspace on the bus.
-_SECRET_NAME = re.compile(r"^TOPICBUS_.*(SECRET|TOKEN)", re.IGNORECASE)
 
 
 def child_environment(environ: Mapping[str, str], *, pty: bool) -> dict[str, str]:
     """The child's environment: ``environ`` without secrets; under a pty, ``TERM`` names a terminal."""
-    env = {k: v for k, v in environ.items() if not _SECRET_NAME.match(k)}
+    env = {k: v for k, v in environ.items() if not is_secret_name(k)}
     if pty:
         env["TERM"] = "xterm-256color"
     return env
@@ -251,21 +248,14 @@ class Child:
         return bool(lflag & termios.ECHO) or not (lflag & termios.ICANON)
 
 
-_PR_SET_PDEATHSIG = 1
-try:  # looked up here, in the parent: the child only calls it
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # pragma: no cover - not Linux
-    _prctl = None
-
-
 def _in_child(pty: bool) -> Callable[[], None]:
     """What runs in the child between fork and exec (after setsid): SIGTERM when follow dies
     (even by SIGKILL: the child is in its own session, so no terminal signal reaches it), and under
     a pty the terminal (fd 0) becomes its controlling terminal."""
 
     def setup() -> None:
-        if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if pty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 

@@ -29,6 +29,7 @@ yes/no prompts), :mod:`~topicbus.follower.capture` (reading and posting); this m
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 from collections.abc import Sequence
@@ -225,6 +226,9 @@ async def run_follow(
         leader_url=leader_url, secret=secret, on_delivery=on_delivery, on_control=on_control,
         on_button=on_button, on_edit=on_edit if context else None, media=True, cwd=workdir, session_id=session, name=name, pid=child.pid,
         heartbeat_interval_s=heartbeat_interval_s, ca_file=ca_file,
+        # A reachable leader whose outbox for this agent is full is backpressure, never a reason to
+        # drop output: a send waits until the outbox has room (the capture stops reading meanwhile).
+        backlog_wait_s=math.inf,
     )
 
     async def send_text(text: str, fmt: str | None) -> None:

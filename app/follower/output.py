@@ -5,7 +5,8 @@ Pure (no I/O; the caller passes the time):
 * :class:`LineCleaner` — one output stream in pipe mode: ANSI escape sequences removed, ``\\r``
   (carriage return) and backspaces applied within a line, so that a progress bar or a spinner shows
   only its final state, other control characters dropped. Complete lines are released at once; the
-  line still being written (a prompt, a bar) is held until the stream has been quiet for a while.
+  line still being written (a prompt, a bar) is held until the stream has been quiet for a while,
+  and only up to the message limit: a longer line flows on as output, in bounded memory.
 * :class:`OutputBatcher` — cleaned text waiting to be posted, cut into batches.
 * :func:`yes_no_buttons` — the Yes/No buttons for output that stops at a yes/no prompt.
 """
@@ -15,7 +16,12 @@ from __future__ import annotations
 import re
 from collections import deque
 
+from topicbus.protocol import MAX_TEXT_CHARS
+
 __all__ = [
+    "DROPPED_BACKLOG",
+    "DROPPED_UNREACHABLE",
+    "MAX_LINE_CHARS",
     "MAX_PENDING_BYTES",
     "STDERR_MARK",
     "LineCleaner",
@@ -27,6 +33,13 @@ __all__ = [
 ]
 
 MAX_PENDING_BYTES = 4 * 1024 * 1024
+#: A line still being written is held up to Telegram's message limit; past it, it is output.
+MAX_LINE_CHARS = MAX_TEXT_CHARS
+#: An escape sequence longer than this is not one a terminal would wait for: it is shown as text.
+MAX_ESCAPE_CHARS = 4096
+#: Why output was dropped (the end of :func:`dropped_marker`).
+DROPPED_UNREACHABLE = "while the leader was unreachable"
+DROPPED_BACKLOG = "while the leader's outbox for this agent was full"
 #: Put before each stderr line (``--stderr topic``), so that errors stand apart from stdout.
 STDERR_MARK = "⚠ "
 
@@ -39,9 +52,12 @@ _ESCAPE = re.compile(
     r"|\x1b[ -/]*[0-~]"
     r"|\x9b[0-?]*[ -/]*[@-~]"
 )
-_INCOMPLETE_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*|[PX^_][^\x1b]*|[ -/]*)?$")
+_INCOMPLETE_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*|[PX^_][^\x1b]*|[ -/]*)?$|\x9b[0-?]*[ -/]*$")
 _SPECIAL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
-_REDRAW = re.compile(r"\r(?!\n|$)|\x08")
+#: Control characters a line shows nothing for (all but tab, backspace, newline and carriage return).
+_INVISIBLE = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1f\x7f\x9b]")
+_MOVES = re.compile(r"([\r\x08])")
+_CR_THEN_TEXT = re.compile(r"\r(?!$)")
 
 
 def strip_escapes(text: str) -> str:
@@ -77,53 +93,141 @@ def render_line(raw: str) -> str:
 class LineCleaner:
     """One pipe-mode output stream, cleaned line by line (see the module docstring).
 
-    * :meth:`feed` returns the complete lines (each ending in ``"\\n"``) the new text finished.
+    * :meth:`feed` returns the complete lines (each ending in ``"\\n"``) the new text finished, and
+      the start of a line longer than :data:`MAX_LINE_CHARS` (without a newline: the line goes on).
     * :meth:`take_partial` returns the line still being written when the stream has been quiet for
       ``quiet_s`` (``redraw_quiet_s`` when that line is being redrawn with ``\\r`` or backspaces: a
       progress bar is posted only once it stops), and starts a new fragment of that line.
     * ``mark`` is put before every line (the stderr mark), and before the rest of a line whose start
       was taken as a partial (it is posted apart, so it is marked again).
+
+    Bounded memory: the line still being written is kept as a terminal shows it (escapes removed,
+    ``\\r`` and backspaces applied as they come), never as everything the program wrote; once it is
+    longer than :data:`MAX_LINE_CHARS` it is returned as output and the line goes on from there. A
+    line of any length passes in pieces of at most one read plus that limit, and each character is
+    copied a bounded number of times. A ``\\r`` after such a piece returns to the start of what is
+    still held (a terminal's row is narrower than a message anyway).
     """
 
-    def __init__(self, *, mark: str = "", quiet_s: float = 0.25, redraw_quiet_s: float = 2.0):
+    def __init__(self, *, mark: str = "", quiet_s: float = 0.25, redraw_quiet_s: float = 2.0,
+                 max_line_chars: int = MAX_LINE_CHARS):
+        if max_line_chars < 1:
+            raise ValueError("max_line_chars must be at least 1")
         self.mark = mark
         self.quiet_s = quiet_s
         self.redraw_quiet_s = redraw_quiet_s
-        self._partial = ""
+        self.max_line_chars = max_line_chars
+        self._held = ""  # the line being written, as shown (trailing spaces kept until it ends)
+        self._col = 0  # the cursor within _held
+        self._escape = ""  # an escape sequence not complete yet, raw
+        self._redrawn = False  # something on this line was overwritten (a bar, a spinner)
+        self._cr = False  # the last text ended with "\\r": a redraw if anything but a newline follows
+        self._open = False  # the start of this line was returned already: the rest continues it
 
     @property
     def has_partial(self) -> bool:
-        return bool(self._partial)
+        """Part of a line is held (see :meth:`take_partial`)."""
+        return bool(self._held or self._escape)
+
+    @property
+    def line_open(self) -> bool:
+        """A line is being written: part of it is held, or its start was returned already."""
+        return self._open or self.has_partial
 
     def feed(self, text: str) -> str:
         if "\n" not in text:
-            self._partial += text
-            return ""
-        head, _, tail = (self._partial + text).rpartition("\n")
-        out = []
-        for raw in head.split("\n"):
+            return self._write(text)
+        first, *middle, last = text.split("\n")
+        out = [self._write(first), self._end_line(), "\n"]
+        for raw in middle:
             out.append(self._line(raw) + "\n")
-        self._partial = tail
+        out.append(self._write(last))
         return "".join(out)
 
     def take_partial(self, quiet_for: float, *, force: bool = False) -> str:
         """The pending fragment (cleaned, without newline), if due; ``""`` when there is nothing."""
-        if not self._partial:
+        if not self.has_partial:
             return ""
-        limit = self.redraw_quiet_s if _REDRAW.search(self._partial) else self.quiet_s
+        limit = self.redraw_quiet_s if self._redrawn else self.quiet_s
         if not force and quiet_for < limit:
             return ""
-        raw = _INCOMPLETE_ESCAPE.sub("", self._partial)
-        self._partial = ""
-        return self._line(raw)
+        text = self._held.rstrip()
+        marked = self.mark + text if self.mark and text and not self._open else text
+        self._reset()  # an unfinished escape sequence is dropped; the rest of the line is marked again
+        return marked
+
+    def break_line(self) -> str:
+        """Another stream writes now: the line being written ends here (what is held, and a newline)."""
+        if not self.line_open:
+            return ""
+        return self.take_partial(0, force=True) + "\n"
 
     def _line(self, raw: str) -> str:
         text = render_line(raw)
         return self.mark + text if self.mark and text else text
 
+    def _reset(self) -> None:
+        self._held = self._escape = ""
+        self._col = 0
+        self._redrawn = self._cr = self._open = False
 
-def dropped_marker(dropped_bytes: int) -> str:
-    return f"[… {dropped_bytes} bytes of output dropped while the leader was unreachable]"
+    def _end_line(self) -> str:
+        """The line ends (a newline came): what is still held, shown as a terminal leaves it."""
+        if self._escape:  # never completed: shown as text, like any stray control characters
+            escape, self._escape = self._escape, ""
+            self._apply(_INVISIBLE.sub("", escape))
+        text = self._held.rstrip()
+        marked = self.mark + text if self.mark and text and not self._open else text
+        self._reset()
+        return marked
+
+    def _write(self, raw: str) -> str:
+        """Apply text without newlines to the held line; the start of an over-long line, if any."""
+        if not raw:
+            return ""
+        raw = self._escape + raw
+        self._escape = ""
+        unfinished = _INCOMPLETE_ESCAPE.search(raw)
+        if unfinished is not None and len(raw) - unfinished.start() <= MAX_ESCAPE_CHARS:
+            raw, self._escape = raw[: unfinished.start()], raw[unfinished.start():]
+        text = _INVISIBLE.sub("", strip_escapes(raw))
+        if not text:
+            return ""
+        if self._cr or "\b" in text or _CR_THEN_TEXT.search(text):
+            self._redrawn = True
+        self._cr = text.endswith("\r")
+        self._apply(text)
+        if len(self._held) <= self.max_line_chars:
+            return ""
+        out, self._held, self._col = self._held, "", 0  # past the message limit: it is output now
+        self._redrawn = False
+        marked = self.mark + out if self.mark and not self._open else out
+        self._open = True
+        return marked
+
+    def _apply(self, text: str) -> None:
+        """Write ``text`` (printable characters, tabs, ``\\r`` and backspaces) at the cursor."""
+        if self._col == len(self._held) and "\r" not in text and "\b" not in text:
+            self._held += text
+            self._col = len(self._held)
+            return
+        cells = list(self._held)
+        col = self._col
+        for token in _MOVES.split(text):
+            if token == "\r":
+                col = 0
+            elif token == "\b":
+                col = max(0, col - 1)
+            elif token:
+                cells[col: col + len(token)] = token  # overwrites, and extends past the end
+                col += len(token)
+        self._held = "".join(cells)
+        self._col = col
+
+
+def dropped_marker(dropped_bytes: int, cause: str = DROPPED_UNREACHABLE) -> str:
+    """The line that stands for output dropped (``cause``: when, and so why)."""
+    return f"[… {dropped_bytes} bytes of output dropped {cause}]"
 
 
 def _utf8_len(text: str) -> int:
@@ -142,8 +246,8 @@ class OutputBatcher:
       unreachable or slower than the child — the **oldest** pending output is dropped (cut at a
       character boundary) so that exactly ``max_pending_bytes`` of the newest output is kept, and
       the next :meth:`take` returns one marker, :func:`dropped_marker`, with the number of bytes
-      dropped (drops until that marker is taken add up into the same single marker), before the
-      kept output.
+      dropped and why (the caller names the cause with each :meth:`feed`; drops until that marker is
+      taken add up into the same single marker, which names every cause), before the kept output.
     """
 
     def __init__(self, *, max_batch_chars: int = 3500, flush_interval_s: float = 0.25,
@@ -162,6 +266,7 @@ class OutputBatcher:
         self._first_at: float | None = None
         self._last_at: float | None = None
         self._dropped = 0
+        self._drop_causes: list[str] = []
 
     @property
     def pending_chars(self) -> int:
@@ -180,7 +285,8 @@ class OutputBatcher:
     def has_pending(self) -> bool:
         return self._chars > 0 or self._dropped > 0
 
-    def feed(self, text: str, now: float) -> None:
+    def feed(self, text: str, now: float, *, drop_cause: str = DROPPED_UNREACHABLE) -> None:
+        """Add output; ``drop_cause`` names why, should this exceed the bound, older output is dropped."""
         if not text:
             return
         self._segments.append(text)
@@ -189,7 +295,10 @@ class OutputBatcher:
         if self._first_at is None:
             self._first_at = now
         self._last_at = now
+        dropped = self._dropped
         self._enforce_bound()
+        if self._dropped > dropped and drop_cause not in self._drop_causes:
+            self._drop_causes.append(drop_cause)
 
     def touch(self, now: float) -> None:
         """Output came that is not pending here yet (a line still being written): the pause that
@@ -214,8 +323,9 @@ class OutputBatcher:
     def take(self) -> str | None:
         """The next batch (see the class docstring), or None when nothing is pending."""
         if self._dropped:
-            marker = dropped_marker(self._dropped)
+            marker = dropped_marker(self._dropped, " and ".join(self._drop_causes))
             self._dropped = 0
+            self._drop_causes = []
             return marker
         if not self._chars:
             return None

@@ -407,6 +407,26 @@ async def test_secret_file_and_the_warning_for_secret(leader: FakeLeader, follow
     assert leader.secret not in proc.text()
 
 
+async def test_secret_fd_refuses_what_it_cannot_use_and_says_why(leader: FakeLeader, follow, tmp_path: Path) -> None:
+    not_open = 97
+    proc = await follow("--secret-fd", str(not_open), script="print('never')", secret_in_env=False,
+                        registered=False)
+    assert await proc.wait() == 2
+    assert f"--secret-fd: cannot read descriptor {not_open} (Bad file descriptor)" in proc.text()
+
+    secret_file = tmp_path / "bus-secret"
+    secret_file.write_text(leader.secret)
+    proc = await follow("--secret-fd", "0", "--secret-file", str(secret_file), script="print('never')",
+                        secret_in_env=False, registered=False)
+    assert await proc.wait() == 2
+    assert "--secret-file and --secret-fd exclude each other" in proc.text()
+
+    proc = await follow("--secret-fd", "0", script="print('never')", secret_in_env=False, registered=False)
+    assert await proc.wait() == 2  # follow's stdin is /dev/null here: nothing to read
+    assert "--secret-fd: descriptor 0 is empty" in proc.text()
+    assert not leader.registered_now and "never" not in joined(leader)
+
+
 async def test_pty_size_is_configurable(leader: FakeLeader, follow) -> None:
     script = """
         import os

@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 from topicbus.follower.child import child_environment
-from topicbus.follower.output import STDERR_MARK, LineCleaner, render_line, strip_escapes, yes_no_buttons
+from topicbus.follower.hardening import forget_secret_environment
+from topicbus.follower.output import (
+    DROPPED_BACKLOG,
+    DROPPED_UNREACHABLE,
+    MAX_LINE_CHARS,
+    STDERR_MARK,
+    LineCleaner,
+    OutputBatcher,
+    dropped_marker,
+    render_line,
+    strip_escapes,
+    yes_no_buttons,
+)
 from topicbus.follower.terminal import ScreenRenderer
 
 # ---- pipe mode ----------------------------------------------------------------------------------
@@ -46,6 +58,65 @@ def test_stderr_lines_are_marked() -> None:
     assert c.feed("\n") == "\n"  # an empty line gets no mark
 
 
+def test_a_line_longer_than_a_message_is_output_in_pieces_never_held_whole() -> None:
+    c = LineCleaner(max_line_chars=10)
+    assert c.feed("abcdefgh") == ""  # held: within the limit
+    assert c.feed("ijk") == "abcdefghijk"  # past it: output, and the line goes on
+    assert not c.has_partial and c.line_open
+    assert c.feed("x" * 25) == "x" * 25
+    assert c.feed("tail  ") == ""
+    assert c.feed("\n") == "tail\n"  # the end of the line; trailing spaces go as before
+    assert not c.line_open
+
+
+def test_a_6_mb_line_passes_whole_in_pieces_of_at_most_one_read_plus_the_limit() -> None:
+    c = LineCleaner()
+    line = "".join(f"{n:08x}" for n in range(6 * 1024 * 1024 // 8))
+    read = 64 * 1024
+    out = []
+    for start in range(0, len(line), read):
+        piece = c.feed(line[start:start + read])
+        assert len(piece) <= MAX_LINE_CHARS + read
+        out.append(piece)
+    out.append(c.feed("\n"))
+    assert "".join(out) == line + "\n"
+
+
+def test_a_long_line_keeps_its_cleaning_across_reads() -> None:
+    c = LineCleaner(max_line_chars=10, mark=STDERR_MARK)
+    # An escape sequence cut between two reads is still removed; the mark comes once per line.
+    assert c.feed("\x1b[3") == ""
+    assert c.feed("1mred\x1b[0m and more") == f"{STDERR_MARK}red and more"
+    assert c.feed("\rXY") == ""  # a carriage return returns to the start of what is held
+    assert c.feed("Z\n") == "XYZ\n"  # the rest of the line is not marked again
+    # A bar redrawn thousands of times is held as what it shows, not as everything written.
+    bar = "".join(f"\r{i:5d}%" for i in range(10_000))
+    assert c.feed(bar) == ""
+    assert c.take_partial(0.5) == ""  # being redrawn: it waits for the longer pause
+    assert c.take_partial(2.0) == f"{STDERR_MARK} 9999%"
+
+
+def test_a_line_broken_by_the_other_stream_ends_where_it_was_broken() -> None:
+    out = LineCleaner(max_line_chars=4)
+    assert out.feed("123456") == "123456"
+    assert out.line_open
+    assert out.break_line() == "\n"  # nothing held, but the line was open: it ends here
+    assert out.feed("78") == "" and out.break_line() == "78\n"
+    assert out.break_line() == ""
+
+
+def test_the_drop_marker_names_its_cause() -> None:
+    b = OutputBatcher(max_batch_chars=100, flush_interval_s=1, max_pending_bytes=4)
+    b.feed("abcdef", 0, drop_cause=DROPPED_BACKLOG)
+    assert b.take() == dropped_marker(2, DROPPED_BACKLOG)
+    assert "unreachable" not in dropped_marker(2, DROPPED_BACKLOG)
+    assert b.take() == "cdef"
+    b.feed("123456", 0, drop_cause=DROPPED_UNREACHABLE)
+    b.feed("78", 0, drop_cause=DROPPED_BACKLOG)
+    assert b.take() == dropped_marker(4, f"{DROPPED_UNREACHABLE} and {DROPPED_BACKLOG}")
+    assert b.take() == "5678"
+
+
 def test_yes_no_prompts() -> None:
     yn = [[{"text": "Yes", "data": "y"}, {"text": "No", "data": "n"}]]
     assert yes_no_buttons("Remove all files? [y/N] ") == yn
@@ -62,6 +133,12 @@ def test_child_environment_has_no_secrets() -> None:
                              "TOPICBUS_LEADER_URL": "ws://x", "HOME": "/h"}, pty=False)
     assert env == {"PATH": "/bin", "TOPICBUS_LEADER_URL": "ws://x", "HOME": "/h"}
     assert child_environment({"TERM": "dumb"}, pty=True)["TERM"] == "xterm-256color"
+
+
+def test_follow_forgets_its_secrets_once_read() -> None:
+    environ = {"PATH": "/bin", "TOPICBUS_BUS_SECRET": "s", "TOPICBUS_BOT_TOKEN": "t", "TOPICBUS_LEADER_URL": "ws://x"}
+    assert sorted(forget_secret_environment(environ)) == ["TOPICBUS_BOT_TOKEN", "TOPICBUS_BUS_SECRET"]
+    assert environ == {"PATH": "/bin", "TOPICBUS_LEADER_URL": "ws://x"}
 
 
 # ---- pty mode (pyte) ----------------------------------------------------------------------------
