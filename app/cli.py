@@ -32,9 +32,10 @@ FOLLOW_DESCRIPTION = """\
 Start CMD as a child process and attach it to the leader as one follower (its own topic).
 
 Each owner message is typed into CMD: its lines, then a newline. A file (a document, photo, voice
-note, audio, video, each file of an album) is saved under .topicbus/inbox and typed as
-"[<kind> <path>]". CMD's output is posted to the topic, monospace, without colour codes, with
-carriage-return progress bars and backspace spinners shown in their final state; stderr lines
+note, audio, video, each file of an album) is saved whole under .topicbus/inbox and typed as
+"[<kind> <path>]", or as "[<kind> <name> failed]" / "[<kind> <name> too large]" when it was not
+saved (names are cleaned: no control characters, line breaks or path separators). CMD's output
+is posted to the topic, monospace, without colour codes, with carriage-return progress bars and backspace spinners shown in their final state; stderr lines
 are marked with ⚠. Output that ends at a yes/no prompt ([y/N], [Y/n], (yes/no)) gets Yes/No
 buttons; a press types the answer. A line longer than a message (4,096 characters) is posted in
 pieces as it comes. While the leader is reachable nothing is dropped: when it holds as much of
