@@ -239,6 +239,15 @@ class JournalRepository:
             "SELECT EXISTS (SELECT 1 FROM inbound_journal WHERE payload LIKE ? ESCAPE '\\')",
             (needle.replace("_", "\\_"),)) == 1
 
+    async def count_waiting_entries(self, binding_key: str) -> int:
+        """How many things wait for this binding's follower as the owner counts them: every row,
+        except that the parts of an album still gathering count once (``/queue``)."""
+        return int(await self._db.fetch_value(
+            """SELECT COALESCE(SUM(status = 'pending' OR media_group IS NULL), 0)
+                      + COUNT(DISTINCT CASE WHEN status = 'gathering' THEN media_group END)
+               FROM inbound_journal WHERE binding_key = ? AND status IN ('pending', 'gathering')""",
+            (binding_key,)) or 0)
+
     async def count_pending(self) -> dict[str, int]:
         rows = await self._db.fetch_all(
             """SELECT binding_key, COUNT(*) AS n FROM inbound_journal WHERE status IN ('pending', 'gathering')

@@ -73,3 +73,24 @@ async def test_receipts_seal_drop_expire_and_purge(tmp_path):
         assert await db.fetch_value("SELECT COUNT(*) FROM inbound_journal") == 0
     finally:
         await db.close()
+
+
+async def test_the_waiting_count_covers_every_row_and_an_album_still_gathering_once(tmp_path):
+    db = await Database.open(tmp_path / "j.sqlite3")
+    try:
+        authority = await LeaseRepository(db).try_acquire("me", 1_000, 8_000)
+        assert authority is not None
+        journal = JournalRepository(db)
+        rows = [(u, "a", {"type": "message", "text": str(u)}) for u in range(1, 2501)]
+        rows += [(3000 + u, "a", photo(f"g{u}"), "album-1") for u in range(12)]
+        rows += [(4000 + u, "a", photo(f"h{u}"), "album-2") for u in range(3)]
+        rows += [(5000, "b", {"type": "message", "text": "other"})]
+        await journal.append_many(rows[:1000], 1_000, authority)
+        await journal.append_many(rows[1000:], 1_000, authority)
+        assert await journal.count_waiting_entries("a") == 2502
+        assert await journal.count_waiting_entries("b") == 1
+        assert await journal.count_waiting_entries("nobody") == 0
+        await journal.drop_waiting("a", 3_000, authority)
+        assert await journal.count_waiting_entries("a") == 0
+    finally:
+        await db.close()

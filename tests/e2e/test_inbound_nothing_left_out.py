@@ -1,0 +1,40 @@
+"""Nothing the owner sends is left out (issue 20, breaks 8-10), end to end: a real ``topicbus leader``
+process against the fake Bot API, followers on the bus speaking the protocol (``RawAgent``).
+
+* ``/queue`` counts every message that waits (5,000 of them), not the first 1,000;
+* a message in a new topic, sent before the leader has bound it, reaches the agent once;
+* an album of 12 parts (more than Telegram's 10) reaches the agent as one item with 12 files.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.harness import Cluster
+from tests.e2e.test_inbound import RawAgent, leader, push
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_queue_counts_all_5000_waiting_messages_and_lists_the_oldest(cluster: Cluster):
+    await leader(cluster)
+    agent = await RawAgent.join(cluster, cluster.tmp / "away")
+    thread = agent.thread
+    await agent.leave()
+    for i in range(5000):
+        push(cluster, thread, f"message {i}")
+
+    async def all_journaled() -> bool:  # /v1/status counts them all: the leader has them
+        snap = await cluster.status()
+        return bool(snap) and any(b["threadId"] == thread and b["queued"] == 5000 for b in snap["bindings"])
+
+    await cluster.wait_for(all_journaled, timeout=120, message="/v1/status to count 5000 queued messages")
+    push(cluster, thread, "/queue")
+    answer = await cluster.wait_for(lambda: next((t for t in cluster.texts_in(thread) if "wait" in t
+                                                  and "for this agent (offline)" in t), None),
+                                    timeout=60, message=lambda: f"the /queue answer in {cluster.texts_in(thread)}")
+    lines = answer.split("\n")
+    assert lines[0] == "📥 5000 messages wait for this agent (offline):", lines[0]
+    assert [line.split(": ", 1)[1] for line in lines[1:16]] == [f"message {i}" for i in range(15)]
+    assert lines[16] == "… and 4985 more"
+    assert lines[17].startswith("/drop discards them.")
