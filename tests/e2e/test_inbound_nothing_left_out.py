@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.harness import Cluster
+from tests.e2e.harness import CHAT_ID, Cluster
 from tests.e2e.test_inbound import RawAgent, leader, push
 
 pytestmark = pytest.mark.e2e
@@ -38,3 +38,21 @@ async def test_queue_counts_all_5000_waiting_messages_and_lists_the_oldest(clust
     assert [line.split(": ", 1)[1] for line in lines[1:16]] == [f"message {i}" for i in range(15)]
     assert lines[16] == "… and 4985 more"
     assert lines[17].startswith("/drop discards them.")
+
+
+async def test_an_album_of_12_parts_reaches_the_agent_as_one_item_with_12_files(cluster: Cluster):
+    await leader(cluster)
+    agent = await RawAgent.join(cluster, cluster.tmp / "album", "media")
+    try:
+        contents = [f"part {i} bytes".encode() for i in range(12)]
+        cluster.fake.push_album(CHAT_ID, [("photo" if i % 2 else "document", data) for i, data in enumerate(contents)],
+                                thread_id=agent.thread, caption="twelve")
+        push(cluster, agent.thread, "after the album")
+        album, after = await agent.wait_items(2)
+        assert album["type"] == "media" and album["caption"] == "twelve"
+        assert len(album["files"]) == 12
+        assert [await agent.fetch(f["fileId"]) for f in album["files"]] == [(200, data) for data in contents]
+        assert after.get("text") == "after the album"
+        assert len(agent.items()) == 2
+    finally:
+        await agent.leave()
