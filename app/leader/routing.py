@@ -42,6 +42,7 @@ from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundScheduler, ScheduledGateway
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
+from topicbus.leader.topics import TopicsBeingBound
 from topicbus.core.formatting import utf16_len
 from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES, ErrorCode, ProtocolError, SendRequest
 from topicbus.storage.bindings import BindingRepository
@@ -86,8 +87,9 @@ class RouteResult:
 class Router:
     def __init__(self, term: LeaderTerm, roster: Roster, gateway: ScheduledGateway, notices: Notices,
                  outbound: OutboundScheduler, *, timers: Timers | None = None,
-                 album_window_s: float = ALBUM_WINDOW_S):
+                 album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None):
         self._term = term
+        self._being_bound = being_bound or TopicsBeingBound()
         self._timers = timers
         self._album_window_s = album_window_s
         self._edit_noticed: set[tuple[str, str]] = set()  # (binding, generation) told that edits are not taken
@@ -141,11 +143,23 @@ class Router:
     async def binding_for_topic(self, chat_id: int, thread_id: int) -> str | None:
         """The follower binding that owns a topic. Thread ids are never reused by Telegram, so a
         found mapping stays true for as long as that topic can send updates; only hits are cached
-        (a topic created later is looked up in the store)."""
+        (a topic created later is looked up in the store).
+
+        A topic not found while a registration runs may be the one it is creating: Telegram can
+        send its first message before the binding commits. Then the lookup is repeated once every
+        registration running has finished, so that message is routed, not dropped."""
         cached = self._target_cache.get((chat_id, thread_id))
         if cached is not None:
             return cached
+        mark = self._being_bound.mark()
         binding = await self._bindings.by_target(chat_id, thread_id)
+        if binding is None and self._being_bound.may_have_bound_since(mark):
+            log = logger.bind(phase="routing")
+            log.debug("a message in thread {} waits for the registrations running", thread_id)
+            await self._being_bound.settled()
+            binding = await self._bindings.by_target(chat_id, thread_id)
+            log.debug("a message in thread {} waited for the registrations running: {}", thread_id,
+                      "bound" if binding is not None else "still no binding")
         if binding is None or binding.kind != "follower":
             return None
         if len(self._target_cache) > TARGET_CACHE_LIMIT:

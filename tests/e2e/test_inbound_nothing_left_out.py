@@ -8,12 +8,20 @@ process against the fake Bot API, followers on the bus speaking the protocol (``
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import pytest
 
-from tests.e2e.harness import CHAT_ID, Cluster
+from tests.e2e.harness import CHAT_ID, OWNER_ID, Cluster
 from tests.e2e.test_inbound import RawAgent, leader, push
+from tests.fakebotapi import JSON
+from topicbus.leader.notices import TOPIC_HINT
+from topicbus.leader.routing import OFFLINE_NOTICE
 
 pytestmark = pytest.mark.e2e
+
+HOLD_S = 15.0  # longest the fake holds a createForumTopic answer (released as soon as the leader acts)
 
 
 async def test_queue_counts_all_5000_waiting_messages_and_lists_the_oldest(cluster: Cluster):
@@ -38,6 +46,48 @@ async def test_queue_counts_all_5000_waiting_messages_and_lists_the_oldest(clust
     assert [line.split(": ", 1)[1] for line in lines[1:16]] == [f"message {i}" for i in range(15)]
     assert lines[16] == "… and 4985 more"
     assert lines[17].startswith("/drop discards them.")
+
+
+async def test_a_message_in_a_new_topic_before_it_is_bound_reaches_the_agent_once(cluster: Cluster):
+    await leader(cluster)
+    (leader_proc,) = cluster.procs
+    create = getattr(cluster.fake, "_m_createForumTopic")
+    pushed: list[JSON] = []
+
+    async def create_then_owner_writes(params: JSON) -> Any:
+        """Telegram creates the topic and the owner writes in it at once; the update can be handed
+        out before the leader has the answer. The answer is held until the leader has dealt with
+        that update without the binding: it confirmed it (a leader that drops it, at once), or it
+        logs that the message waits for the registration."""
+        topic = create(params)
+        if params.get("name") != "topicbus control":
+            thread = topic["message_thread_id"]
+            pushed.append(cluster.fake.push_message(CHAT_ID, "first words", thread_id=thread, from_id=OWNER_ID))
+            update_id = pushed[-1]["update_id"]
+            waits = f"a message in thread {thread} waits for the registrations running"
+            with contextlib.suppress(AssertionError):  # then the test fails below, with the whole story
+                await cluster.fake.wait_for(
+                    lambda: waits in leader_proc.log()
+                    or all(u["update_id"] != update_id for u in cluster.fake.pending_updates()), timeout=HOLD_S)
+        return topic
+
+    cluster.fake.register_method("createForumTopic", create_then_owner_writes)
+    agent = await RawAgent.join(cluster, cluster.tmp / "new")
+    try:
+        assert pushed and pushed[0]["message"]["message_thread_id"] == agent.thread
+        push(cluster, agent.thread, "second words")
+        items = await agent.wait_items(2)
+        assert [i.get("text") for i in items] == ["first words", "second words"]
+        await agent.ack_all()
+        await agent.say("agent here")  # the topic's output is in order: a notice about them comes first
+        await cluster.wait_text(agent.thread, "agent here")
+        texts = cluster.texts_in(agent.thread)
+        assert TOPIC_HINT not in texts and OFFLINE_NOTICE not in texts, texts
+        assert [i.get("text") for i in agent.items()] == ["first words", "second words"]  # once each
+        # The race was run: the first words reached the leader before their topic was bound.
+        assert f"a message in thread {agent.thread} waited for the registrations running: bound" in leader_proc.log()
+    finally:
+        await agent.leave()
 
 
 async def test_an_album_of_12_parts_reaches_the_agent_as_one_item_with_12_files(cluster: Cluster):
