@@ -15,10 +15,11 @@ Only ``/interrupt``, ``/kill``, ``/eof``, ``/queue`` and ``/drop`` are intercept
   the topic is told why. Each one has its own delivery id (``c-…``); the follower's receipt
   changes nothing on the leader.
 
-**The offline queue** (:class:`OfflineQueue`): ``/queue`` lists the journal rows that wait for
-the agent, ``/drop`` settles them as ``dropped``; rows older than ``TOPICBUS_OFFLINE_TTL_S``
-expire (the :class:`~topicbus.leader.inbound.InboundScreen` never sends one, the sweep settles the
-others) and the topic is told which ones.
+**The offline queue** (:class:`OfflineQueue`): ``/queue`` counts every journal row that waits for
+the agent (an album still gathering once) and lists the oldest, ``/drop`` settles them as
+``dropped``; rows older than ``TOPICBUS_OFFLINE_TTL_S`` expire (the
+:class:`~topicbus.leader.inbound.InboundScreen` never sends one, the sweep settles the others) and
+the topic is told which ones.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from typing import Any, Final
 from loguru import logger
 
 from topicbus.core.clock import Clock
-from topicbus.protocol import MAX_MEDIA_FILES, ButtonItem, Capabilities, ControlItem, EditItem, MediaItem, message_item
+from topicbus.protocol import ButtonItem, Capabilities, ControlItem, EditItem, MediaItem, message_item
 from topicbus.storage.db import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository
 

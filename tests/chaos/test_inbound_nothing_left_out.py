@@ -118,8 +118,9 @@ async def deep_queue(cluster: Cluster, figures: dict[str, Any]) -> None:
     figures["queuedJournaledS"] = round(time.monotonic() - started, 2)
     asked = time.monotonic()
     push(cluster, thread, "/queue")
-    answer = await cluster.wait_for(lambda: next((t for t in cluster.texts_in(thread) if "for this agent (offline)" in t),
-                                                 None), SETTLE_S, "the /queue answer")
+    answer = await cluster.wait_for(
+        lambda: next((t for t in cluster.texts_in(thread) if "for this agent (offline)" in t), None), SETTLE_S,
+        "the /queue answer")
     figures["queueAnswerS"] = round(time.monotonic() - asked, 3)
     figures["queueCounted"] = int(answer.split("\n")[0].split()[1])
     figures["queueQueued"] = QUEUED
@@ -138,8 +139,8 @@ async def long_albums(cluster: Cluster, figures: dict[str, Any]) -> None:
             items = [i for i in agent.items()[before:] if i["type"] == "media"]
             figures[f"album{parts}Items"] = [len(i["files"]) for i in items]
             fetched = [await agent.fetch(f["fileId"]) for i in items for f in i["files"]]
-            figures[f"album{parts}FilesWhole"] = sum(
-                1 for n, (status, data) in enumerate(fetched) if status == 200 and data == f"album {parts} part {n}".encode())
+            figures[f"album{parts}FilesWhole"] = sum(1 for n, (status, data) in enumerate(fetched)
+                                                     if status == 200 and data == f"album {parts} part {n}".encode())
     finally:
         await agent.leave()
 
