@@ -40,6 +40,9 @@ PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
 MAX_DOCUMENT_BYTES = 512 * 1024
 MAX_TEXT_CHARS = 4096
+# Files in one ``media`` item. Telegram sends albums of up to 10, but that is its limit, not ours: an
+# album with more parts is delivered whole, in items of at most this many files (a few KB each).
+MAX_MEDIA_FILES = 100
 BUS_PATH = "/v1/bus"
 FILES_PATH = "/v1/files"  # GET /v1/files/<fileId>: a routed owner document (Bearer secret)
 MAX_PID = 2**31 - 1  # pid_t is a signed 32-bit integer on every POSIX system we run on
@@ -317,7 +320,7 @@ class MediaItem(_Strict):
     documents — one message, or a whole album as one item."""
 
     type: Literal["media"]
-    files: Annotated[list[FileRef], Field(min_length=1, max_length=10)]
+    files: Annotated[list[FileRef], Field(min_length=1, max_length=MAX_MEDIA_FILES)]
     caption: Text | None = None
     message_id: int | None = Field(default=None, alias="messageId")  # the first message of an album
     from_user_id: int | None = Field(default=None, alias="fromUserId")

@@ -178,25 +178,33 @@ class JournalRepository:
 
     async def seal_group(self, binding_key: str, media_group: str,
                          combine: Callable[[list[dict[str, Any]]], dict[str, Any]], now_ms: int,
-                         authority: Authority) -> JournalItem | None:
+                         authority: Authority, *, parts_per_item: int | None = None) -> list[JournalItem]:
         """Close an album: in one transaction its first gathering row becomes the album (payload
-        ``combine(parts)``, pending) and the other parts become ``merged``. None when nothing gathers."""
+        ``combine(parts)``, pending) and the other parts become ``merged``. With ``parts_per_item``,
+        each run of that many parts (in journal order) becomes one item the same way, so a longer
+        album loses no part. Returns the items, in order; [] when nothing gathers."""
+        sealed: list[JournalItem] = []
         async with self._db.unit_of_work(authority) as uow:
             rows = await uow.fetch_all(
                 """SELECT * FROM inbound_journal WHERE status = 'gathering' AND binding_key = ? AND media_group = ?
                    ORDER BY seq""", (binding_key, media_group))
-            if not rows:
-                return None
             parts = [_item(r) for r in rows]
-            album = combine([p.payload for p in parts])
-            first = parts[0]
-            await uow.execute("UPDATE inbound_journal SET status = 'pending', payload = ? WHERE seq = ?",
-                              (_dump(album), first.seq))
-            for part in parts[1:]:
-                await uow.execute(
-                    "UPDATE inbound_journal SET status = 'merged', delivered_at_ms = ? WHERE seq = ?", (now_ms, part.seq))
-        return JournalItem(first.seq, first.update_id, binding_key, album, first.attempts, first.created_at_ms,
-                           "pending", media_group)
+            step = parts_per_item or len(parts) or 1
+            for start in range(0, len(parts), step):
+                run = parts[start:start + step]
+                album = combine([p.payload for p in run])
+                first = run[0]
+                await uow.execute("UPDATE inbound_journal SET status = 'pending', payload = ? WHERE seq = ?",
+                                  (_dump(album), first.seq))
+                merged = [p.seq for p in run[1:]]
+                for chunk in range(0, len(merged), _CHUNK):
+                    seqs = merged[chunk:chunk + _CHUNK]
+                    await uow.execute(
+                        f"""UPDATE inbound_journal SET status = 'merged', delivered_at_ms = ?
+                            WHERE seq IN ({', '.join('?' for _ in seqs)})""", [now_ms, *seqs])
+                sealed.append(JournalItem(first.seq, first.update_id, binding_key, album, first.attempts,
+                                          first.created_at_ms, "pending", media_group))
+        return sealed
 
     # --- the offline queue ----------------------------------------------------------------------
     async def drop_waiting(self, binding_key: str, now_ms: int, authority: Authority) -> int:
@@ -238,6 +246,15 @@ class JournalRepository:
         return await self._db.fetch_value(
             "SELECT EXISTS (SELECT 1 FROM inbound_journal WHERE payload LIKE ? ESCAPE '\\')",
             (needle.replace("_", "\\_"),)) == 1
+
+    async def count_waiting_entries(self, binding_key: str) -> int:
+        """How many things wait for this binding's follower as the owner counts them: every row,
+        except that the parts of an album still gathering count once (``/queue``)."""
+        return int(await self._db.fetch_value(
+            """SELECT COALESCE(SUM(status = 'pending' OR media_group IS NULL), 0)
+                      + COUNT(DISTINCT CASE WHEN status = 'gathering' THEN media_group END)
+               FROM inbound_journal WHERE binding_key = ? AND status IN ('pending', 'gathering')""",
+            (binding_key,)) or 0)
 
     async def count_pending(self) -> dict[str, int]:
         rows = await self._db.fetch_all(

@@ -15,10 +15,11 @@ Only ``/interrupt``, ``/kill``, ``/eof``, ``/queue`` and ``/drop`` are intercept
   the topic is told why. Each one has its own delivery id (``c-…``); the follower's receipt
   changes nothing on the leader.
 
-**The offline queue** (:class:`OfflineQueue`): ``/queue`` lists the journal rows that wait for
-the agent, ``/drop`` settles them as ``dropped``; rows older than ``TOPICBUS_OFFLINE_TTL_S``
-expire (the :class:`~topicbus.leader.inbound.InboundScreen` never sends one, the sweep settles the
-others) and the topic is told which ones.
+**The offline queue** (:class:`OfflineQueue`): ``/queue`` counts every journal row that waits for
+the agent (an album still gathering once) and lists the oldest, ``/drop`` settles them as
+``dropped``; rows older than ``TOPICBUS_OFFLINE_TTL_S`` expire (the
+:class:`~topicbus.leader.inbound.InboundScreen` never sends one, the sweep settles the others) and
+the topic is told which ones.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ CONTROL_ACTIONS = ("interrupt", "kill", "eof")
 RESERVED_COMMANDS = (*CONTROL_ACTIONS, "queue", "drop")
 CONTROL_TTL_MS = 60_000  # a control typed longer ago than this is never sent
 CLOCK_SLACK_MS = 2_000  # Telegram dates are whole seconds, and its clock is not ours
-QUEUE_LINES = 15
+QUEUE_LINES = 15  # entries /queue lists: the oldest; the count covers all of them
+QUEUE_ROWS = 500  # journal rows read to list them (album parts still gathering are rows of one entry)
 EXPIRY_JOB_ID = "topicbus.offline-expiry"
 
 _COMMAND = re.compile(r"/([A-Za-z]+)(?:@([A-Za-z0-9_]+))?(?=\s|$)")
@@ -160,19 +162,23 @@ class OfflineQueue:
                 f"agent and expired; it will not get {'them' if n != 1 else 'it'}:")
         return "\n".join([head, *self._lines(items)])
 
-    def _lines(self, items: list[JournalItem]) -> list[str]:
+    def _lines(self, items: list[JournalItem], total: int | None = None) -> list[str]:
+        """The oldest :data:`QUEUE_LINES` entries of ``items``, then how many more there are of
+        ``total`` (default: of ``items``)."""
         now = self._term.now_ms()
         entries = collapse_albums(items)
+        total = len(entries) if total is None else total
         lines = [f"• {age_text(now - first.created_at_ms)} ago: {preview(payload) or '(empty)'}"
                  for first, payload in entries[:QUEUE_LINES]]
-        if len(entries) > QUEUE_LINES:
-            lines.append(f"… and {len(entries) - QUEUE_LINES} more")
+        if total > QUEUE_LINES:
+            lines.append(f"… and {total - QUEUE_LINES} more")
         return lines
 
     async def show(self, binding_key: str, *, online: bool) -> str:
-        """``/queue``: what waits for the agent (an album still gathering counts once)."""
-        items = await self._journal.pending(binding_key, limit=1000)
-        n = len(collapse_albums(items))
+        """``/queue``: how many things wait for the agent, all of them counted (an album still
+        gathering counts once), and the oldest :data:`QUEUE_LINES`."""
+        n = await self._journal.count_waiting_entries(binding_key)
+        items = await self._journal.pending(binding_key, limit=QUEUE_ROWS) if n else []
         if not items:
             return ("Nothing waits: the agent is online and has every message." if online
                     else "Nothing waits for this agent.")
@@ -184,7 +190,7 @@ class OfflineQueue:
         tail = "/drop discards them."
         if self.ttl_ms:
             tail += f" Unless the agent returns within {age_text(self.ttl_ms)} of each, they expire."
-        return "\n".join([head, *self._lines(items), tail])
+        return "\n".join([head, *self._lines(items, n), tail])
 
     async def drop(self, binding_key: str, *, online: bool) -> str:
         """``/drop``: nothing that waits is delivered any more."""

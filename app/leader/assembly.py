@@ -42,7 +42,7 @@ from topicbus.leader.routing import Router
 from topicbus.leader.status import StatusView
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.titles import DEBOUNCE_S, DisplayReconciler
-from topicbus.leader.topics import ControlTopic, TopicCache, TopicEvents, record_topic_gone
+from topicbus.leader.topics import ControlTopic, TopicCache, TopicEvents, TopicsBeingBound, record_topic_gone
 from topicbus.storage.admission import AdmissionLedger
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.journal import JournalRepository
@@ -129,12 +129,15 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
         on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record,
         on_pruned=roster.pruned)
-    router = Router(term, roster, gateway, notices, outbound, timers=timers)
+    # A registration's new topic and its binding become routable together: the router holds an
+    # update in a topic it does not know until the registrations running now have finished.
+    being_bound = TopicsBeingBound()
+    router = Router(term, roster, gateway, notices, outbound, timers=timers, being_bound=being_bound)
     agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
     buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
                                   admission=admission, mutations=mutations, pruner=pruner, titles=titles,
-                                  control=control, on_roster_change=display.schedule)
+                                  control=control, on_roster_change=display.schedule, being_bound=being_bound)
     control_desk = ControlDesk(term=term, roster=roster, preferences=preferences, admission=admission,
                                display=display, departures=departures, pruner=pruner)
     status = StatusView(term=term, roster=roster, preferences=preferences, control=control, router=router,

@@ -5,7 +5,8 @@ The journal keeps one **canonical item** per owner update (built by ``handlers/t
 * ``message``: text, with the ``reply`` context when the owner replied to something;
 * ``media``: every message that carries a file (document, photo, voice, audio, video, video note,
   animation), with each file's kind, duration and size; an album becomes one item with all its
-  files when its parts are sealed (:func:`combine_album`);
+  files when its parts are sealed (:func:`combine_album`), whatever its size (past
+  ``MAX_MEDIA_FILES`` files, one item per that many);
 * ``edit``: an owner edited a message;
 * ``button``: an owner pressed a follower's inline button (journaled by ``leader/buttons``, bound
   to the follower process whose message carried it: ``for_instance``).
@@ -42,7 +43,6 @@ from topicbus.storage.db import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository
 
 BOT_DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile: bots may download files up to 20 MB
-MAX_ALBUM_FILES = 10  # Telegram's album size, and MediaItem's bound
 HOLD: Final = object()  # InboundScreen: stop here, this row is not ready (an album still gathering)
 
 FILE_LABELS = {"document": "file", "photo": "photo", "voice": "voice message", "audio": "audio file",
@@ -99,10 +99,12 @@ def media_as_message(item: Mapping[str, Any]) -> dict[str, Any]:
 
 def combine_album(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One ``media`` item from the parts of an album, in the order they were journaled: every
-    file, the caption (Telegram puts it on one part), and the first part's message id and sender."""
+    file, the caption (Telegram puts it on one part), and the first part's message id and sender.
+    At most :data:`~topicbus.protocol.MAX_MEDIA_FILES` parts: a longer album is sealed as several
+    items (``JournalRepository.seal_group``), so no part is ever left out."""
     media = [p for p in parts if p.get("type") == "media"] or parts
     first = media[0]
-    files = [f for p in media for f in (p.get("files") or [])][:MAX_ALBUM_FILES]
+    files = [f for p in media for f in (p.get("files") or [])]
     caption = next((p.get("caption") for p in media if p.get("caption")), None)
     reply = next((p.get("reply") for p in media if p.get("reply")), None)
     return media_item(files=files, caption=caption, messageId=first.get("messageId"),

@@ -4,6 +4,10 @@ Order (SPEC §6.1): protocol compatibility, then an exact generation, before any
 then, inside the capacity runner (slot rotation), an admission hold, then the follower's mutation
 queue: provision the topic, re-check authority, publish into the roster, schedule a title pass,
 answer with the target. New entries start their heartbeat clock at publication time.
+
+From provisioning to publication a registration is one of the ``TopicsBeingBound``: an owner message
+in its new topic that arrives before then (Telegram may send it before the ``createForumTopic``
+answer) waits for the binding and the route instead of being called nobody's.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from topicbus.leader.provisioning import ProvisionRequest, SlotUnavailable, Topi
 from topicbus.leader.roster import Roster
 from topicbus.leader.rotation import RotationBlocked, SlotRotation
 from topicbus.leader.term import LeaderTerm
-from topicbus.leader.topics import CONTROL_TOPIC_TITLE, ControlTopic, TopicCache
+from topicbus.leader.topics import CONTROL_TOPIC_TITLE, ControlTopic, TopicCache, TopicsBeingBound
 from topicbus.protocol import (ErrorCode, FollowerRequest, ProtocolError, Registration, check_compatibility,
                                superseded_frame)
 from topicbus.storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger, Scope
@@ -32,8 +36,10 @@ from topicbus.storage.db import AuthorityLost
 class Registrations:
     def __init__(self, *, term: LeaderTerm, roster: Roster, provisioner: TopicProvisioner, rotation: SlotRotation,
                  admission: AdmissionLedger, mutations: FollowerMutationQueue, pruner: FollowerPruner,
-                 titles: TopicCache, control: ControlTopic, on_roster_change: Callable[[], None]):
+                 titles: TopicCache, control: ControlTopic, on_roster_change: Callable[[], None],
+                 being_bound: TopicsBeingBound | None = None):
         self._term = term
+        self._being_bound = being_bound or TopicsBeingBound()
         self._roster = roster
         self._provisioner = provisioner
         self._rotation = rotation
@@ -88,19 +94,23 @@ class Registrations:
         # The name is a new binding's only (an existing binding keeps the one it has).
         request = ProvisionRequest(identity=identity, kind="follower", owner=owner,
                                    thread_name=req.thread_name or default_thread_name(identity, None))
-        binding, created = await self._provisioner.provision(request, authority)
-        if not self._term.is_current(authority):
-            raise AuthorityLost("follower registration lost leader ownership")
-        now = self._term.now_ms()
-        record = FollowerRecord(
-            instance_id=req.instance_id, registration_generation=req.registration_generation or "", pid=req.pid,
-            process_birth_id=req.process_birth_id, host_id=req.host_id, profile_key=key,
-            target=Target(binding.chat_id, binding.thread_id), slot=binding.slot, cwd=identity.cwd or None,
-            session=identity.session or None, name=req.name, thread_name=binding.thread_name, binding_key=key,
-            capabilities=frozenset(req.protocol.capabilities if req.protocol else ()),
-            connected_at_ms=now, last_heartbeat_ms=now,
-        )
-        for old, conn in self._roster.publish(record, connection):
+        # Its topic and its route come about together for the router: an owner message in a topic
+        # just created waits for both instead of being called nobody's (TopicsBeingBound).
+        with self._being_bound.binding():
+            binding, created = await self._provisioner.provision(request, authority)
+            if not self._term.is_current(authority):
+                raise AuthorityLost("follower registration lost leader ownership")
+            now = self._term.now_ms()
+            record = FollowerRecord(
+                instance_id=req.instance_id, registration_generation=req.registration_generation or "", pid=req.pid,
+                process_birth_id=req.process_birth_id, host_id=req.host_id, profile_key=key,
+                target=Target(binding.chat_id, binding.thread_id), slot=binding.slot, cwd=identity.cwd or None,
+                session=identity.session or None, name=req.name, thread_name=binding.thread_name, binding_key=key,
+                capabilities=frozenset(req.protocol.capabilities if req.protocol else ()),
+                connected_at_ms=now, last_heartbeat_ms=now,
+            )
+            superseded = self._roster.publish(record, connection)
+        for old, conn in superseded:
             await _tell_superseded(self._term, old, conn)
         self._titles.invalidate(key)
         self.count += 1

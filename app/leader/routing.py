@@ -9,10 +9,12 @@ flushes what was queued before it (:meth:`Router.flush_batch`), so it acts after
 Albums: each part is journaled as it arrives (``gathering``), so a confirmed update is never only in
 memory. The parts of one ``media_group_id`` are sealed into one ``media`` item about
 :data:`ALBUM_WINDOW_S` after the last part arrived (a one-shot timer per album, pushed back by each
-part), or at once when the album is full; delivery stops at a gathering part, so nothing after the
-album overtakes it. A term that starts with albums still gathering (its predecessor crashed) seals
-them one window after it starts (:meth:`Router.start`), so late parts that Telegram sends again still
-join their album. Sealing is one transaction, so the album is delivered once.
+part). Telegram's albums have 10 parts at most, but no part of a longer one is dropped: once
+``MAX_MEDIA_FILES`` parts gather they are sealed at once, and every run of that many parts is one
+item. Delivery stops at a gathering part, so nothing after the album overtakes it. A term that
+starts with albums still gathering (its predecessor crashed) seals them one window after it starts
+(:meth:`Router.start`), so late parts that Telegram sends again still join their album. Sealing is
+one transaction, so the album is delivered once.
 
 Outbound: a follower's ``follower.send`` is stored durably (idempotent per request id) and the
 outbound sender is woken; Telegram is never called on the bus request's path.
@@ -36,13 +38,14 @@ from topicbus.bot.gateway import FileStream
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.startup import Timers
 from topicbus.leader.delivery import FollowerConnection
-from topicbus.leader.inbound import MAX_ALBUM_FILES, combine_album, too_large_files, too_large_notice
+from topicbus.leader.inbound import combine_album, too_large_files, too_large_notice
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundScheduler, ScheduledGateway
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
+from topicbus.leader.topics import TopicsBeingBound
 from topicbus.core.formatting import utf16_len
-from topicbus.protocol import CAP_EDIT, ErrorCode, ProtocolError, SendRequest
+from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES, ErrorCode, ProtocolError, SendRequest
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.db import Authority, AuthorityLost, UnitOfWork
 from topicbus.storage.journal import JournalItem, JournalRepository
@@ -85,8 +88,9 @@ class RouteResult:
 class Router:
     def __init__(self, term: LeaderTerm, roster: Roster, gateway: ScheduledGateway, notices: Notices,
                  outbound: OutboundScheduler, *, timers: Timers | None = None,
-                 album_window_s: float = ALBUM_WINDOW_S):
+                 album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None):
         self._term = term
+        self._being_bound = being_bound or TopicsBeingBound()
         self._timers = timers
         self._album_window_s = album_window_s
         self._edit_noticed: set[tuple[str, str]] = set()  # (binding, generation) told that edits are not taken
@@ -140,11 +144,23 @@ class Router:
     async def binding_for_topic(self, chat_id: int, thread_id: int) -> str | None:
         """The follower binding that owns a topic. Thread ids are never reused by Telegram, so a
         found mapping stays true for as long as that topic can send updates; only hits are cached
-        (a topic created later is looked up in the store)."""
+        (a topic created later is looked up in the store).
+
+        A topic not found while a registration runs may be the one it is creating: Telegram can
+        send its first message before the binding commits. Then the lookup is repeated once every
+        registration running has finished, so that message is routed, not dropped."""
         cached = self._target_cache.get((chat_id, thread_id))
         if cached is not None:
             return cached
+        mark = self._being_bound.mark()
         binding = await self._bindings.by_target(chat_id, thread_id)
+        if binding is None and self._being_bound.may_have_bound_since(mark):
+            log = logger.bind(phase="routing")
+            log.debug("a message in thread {} waits for the registrations running", thread_id)
+            await self._being_bound.settled()
+            binding = await self._bindings.by_target(chat_id, thread_id)
+            log.debug("a message in thread {} waited for the registrations running: {}", thread_id,
+                      "bound" if binding is not None else "still no binding")
         if binding is None or binding.kind != "follower":
             return None
         if len(self._target_cache) > TARGET_CACHE_LIMIT:
@@ -246,7 +262,7 @@ class Router:
     # --- albums -----------------------------------------------------------------------------------
     async def _album_part_added(self, binding_key: str, group: str) -> bool:
         """Push the album's seal back by one window; True when it is to be sealed now (it is full)."""
-        if self._timers is None or await self.journal.count_gathering(binding_key, group) >= MAX_ALBUM_FILES:
+        if self._timers is None or await self.journal.count_gathering(binding_key, group) >= MAX_MEDIA_FILES:
             if self._timers is not None:
                 self._timers.cancel(self._album_job(binding_key, group))
             return True
@@ -266,15 +282,15 @@ class Router:
     async def _seal(self, binding_key: str, group: str) -> None:
         """Fold an album's parts into one item (one transaction), then deliver it."""
         try:
-            album = await self.journal.seal_group(binding_key, group, combine_album, self._term.now_ms(),
-                                                  self._term.authority())
+            sealed = await self.journal.seal_group(binding_key, group, combine_album, self._term.now_ms(),
+                                                   self._term.authority(), parts_per_item=MAX_MEDIA_FILES)
         except AuthorityLost:
             return  # the next leader seals it when its term starts
         except Exception as exc:  # noqa: BLE001 - storage trouble: try again one window later
             logger.bind(phase="album").warning("album not sealed yet ({}); retrying", type(exc).__name__)
             self._schedule_seal(binding_key, group)
             return
-        if album is not None and self._roster.is_routed(binding_key):
+        if sealed and self._roster.is_routed(binding_key):
             await self._roster.hub.kick(binding_key)
 
     async def _notify_offline(self, binding_key: str, authority: Authority) -> None:

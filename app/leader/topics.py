@@ -1,4 +1,5 @@
-"""Topics as Telegram reports them: gone, closed, reopened, renamed; and the leader's control topic.
+"""Topics as Telegram reports them: gone, closed, reopened, renamed; the leader's control topic;
+and the topics being bound right now.
 
 Telegram cannot list topics, so the store is the source of truth; these are the events that keep
 it in step. A topic that Telegram says is gone keeps its binding (slot and name) for the next
@@ -7,8 +8,12 @@ registration of that workspace, which gets a new topic.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+
+from loguru import logger
 
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
@@ -23,6 +28,56 @@ class ControlTopic:
 
     binding_key: str | None = None
     thread_id: int | None = None
+
+
+BINDING_WAIT_S = 90.0  # longest an update waits for a binding (a topic creation is given up after 60 s)
+
+
+class TopicsBeingBound:
+    """Registrations in progress: each may create a topic and commit its binding, and Telegram can
+    hand over an update in the new topic before that commit (its ``getUpdates`` answer may even
+    overtake the ``createForumTopic`` answer). The router asks here before it calls a topic nobody's:
+    a topic it does not know may be the one being bound, and its message waits for the binding
+    instead of being dropped. Only misses wait, and only while a registration runs.
+
+    A miss is checked against :meth:`mark`, taken *before* the lookup: a binding committed during
+    the lookup itself is not missed either."""
+
+    def __init__(self, wait_limit_s: float = BINDING_WAIT_S):
+        self._wait_limit_s = wait_limit_s
+        self._open = 0
+        self._closed = 0  # registrations finished in this term
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextmanager
+    def binding(self) -> Iterator[None]:
+        """Around a registration, from before its topic may be created until its follower is routed."""
+        self._open += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._open -= 1
+            self._closed += 1
+            if self._open == 0:
+                self._idle.set()
+
+    def mark(self) -> int:
+        return self._closed
+
+    def may_have_bound_since(self, mark: int) -> bool:
+        """Whether a binding may have been (or may be about to be) committed since :meth:`mark`."""
+        return self._open > 0 or self._closed != mark
+
+    async def settled(self) -> None:
+        """Until every registration open now has finished (bounded by the wait limit)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), self._wait_limit_s)
+        except TimeoutError:
+            logger.bind(phase="routing").warning("a registration took longer than {:.0f} s; an update in a topic "
+                                                 "not bound yet is treated as outside the agent topics",
+                                                 self._wait_limit_s)
 
 
 class TopicCache:

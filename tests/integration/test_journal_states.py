@@ -54,9 +54,9 @@ async def test_receipts_seal_drop_expire_and_purge(tmp_path):
         assert await journal.count_pending() == {"a": 3, "b": 1}
         assert await journal.gathering_groups() == [("a", "g")]
 
-        album = await journal.seal_group("a", "g", combine_album, 2_000, authority)
-        assert album is not None and [f["fileId"] for f in album.payload["files"]] == ["p1", "p2"]
-        assert await journal.seal_group("a", "g", combine_album, 2_000, authority) is None  # sealed once
+        (album,) = await journal.seal_group("a", "g", combine_album, 2_000, authority)
+        assert [f["fileId"] for f in album.payload["files"]] == ["p1", "p2"]
+        assert await journal.seal_group("a", "g", combine_album, 2_000, authority) == []  # sealed once
         assert [(i.seq, i.status) for i in await journal.pending("a")] == [(1, "pending"), (3, "pending")]
         assert await journal.has_file("p2")  # every routed file stays servable
 
@@ -71,5 +71,44 @@ async def test_receipts_seal_drop_expire_and_purge(tmp_path):
         await journal.mark_reported([4], 6_000, authority)  # the topic was told: b's row may go too
         assert await journal.purge_delivered(10_000, authority) == 1
         assert await db.fetch_value("SELECT COUNT(*) FROM inbound_journal") == 0
+    finally:
+        await db.close()
+
+
+async def test_an_album_longer_than_an_item_is_sealed_into_several_and_loses_no_part(tmp_path):
+    db = await Database.open(tmp_path / "j.sqlite3")
+    try:
+        authority = await LeaseRepository(db).try_acquire("me", 1_000, 8_000)
+        assert authority is not None
+        journal = JournalRepository(db)
+        await journal.append_many([(u, "a", photo(f"p{u}"), "g") for u in range(1, 251)], 1_000, authority)
+        sealed = await journal.seal_group("a", "g", combine_album, 2_000, authority, parts_per_item=100)
+        assert [len(i.payload["files"]) for i in sealed] == [100, 100, 50]
+        assert [f["fileId"] for i in sealed for f in i.payload["files"]] == [f"p{u}" for u in range(1, 251)]
+        assert [i.seq for i in await journal.pending("a")] == [1, 101, 201]  # each item is its first part's row
+        assert await db.fetch_value("SELECT COUNT(*) FROM inbound_journal WHERE status = 'merged'") == 247
+    finally:
+        await db.close()
+
+
+async def test_the_waiting_count_covers_every_row_and_an_album_still_gathering_once(tmp_path):
+    db = await Database.open(tmp_path / "j.sqlite3")
+    try:
+        authority = await LeaseRepository(db).try_acquire("me", 1_000, 8_000)
+        assert authority is not None
+        journal = JournalRepository(db)
+        rows = [(u, "a", {"type": "message", "text": str(u)}) for u in range(1, 2501)]
+        rows += [(3000 + u, "a", photo(f"g{u}"), "album-1") for u in range(12)]
+        rows += [(4000 + u, "a", photo(f"h{u}"), "album-2") for u in range(3)]
+        rows += [(5000, "b", {"type": "message", "text": "other"})]
+        await journal.append_many(rows[:1000], 1_000, authority)
+        await journal.append_many(rows[1000:], 1_000, authority)
+        assert await journal.count_waiting_entries("a") == 2502
+        assert await journal.count_waiting_entries("b") == 1
+        assert await journal.count_waiting_entries("nobody") == 0
+        await journal.seal_group("a", "album-1", combine_album, 2_000, authority)
+        assert await journal.count_waiting_entries("a") == 2502  # sealed: one row now
+        await journal.drop_waiting("a", 3_000, authority)
+        assert await journal.count_waiting_entries("a") == 0
     finally:
         await db.close()
