@@ -12,7 +12,7 @@ from topicbus.follower.client import FollowerClient
 from topicbus.follower.model import Delivery, Edit
 
 __all__ = ["INBOX_DIR", "context_line", "delivery_input", "delivery_text", "edit_text", "save_document",
-           "save_files"]
+           "save_files", "save_transcribed", "transcript_text"]
 
 INBOX_DIR = os.path.join(".topicbus", "inbox")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
@@ -62,6 +62,22 @@ def delivery_text(delivery: Delivery, saved_path: str | None = None,
     else:
         return None
     return _LINE_BREAK.sub("\n", body)
+
+
+def transcript_text(delivery: Delivery, saved_path: str | None = None, *, context: bool = False) -> str:
+    """What a transcribed voice note types (``delivery.transcribed_from``): the transcript, as a
+    message the owner wrote (the leader made it one line). With ``context`` the file line follows,
+    ``[<kind> <path>]`` (``[<kind> <name>]`` when it was not saved) with the caption after it;
+    without, the caption follows on its own line when there is one."""
+    lines = [delivery.text or ""]
+    file = delivery.transcribed_from or {}
+    if context:
+        kind = str(file.get("kind") or "voice")
+        line = f"[{kind} {saved_path}]" if saved_path is not None else f"[{kind} {file.get('fileName') or 'unnamed'}]"
+        lines.append(line + (f" {delivery.caption}" if delivery.caption else ""))
+    elif delivery.caption:
+        lines.append(delivery.caption)
+    return _LINE_BREAK.sub("\n", "\n".join(lines))
 
 
 def context_line(delivery: Delivery, limit: int = 200) -> str | None:
@@ -114,6 +130,12 @@ async def save_files(client: FollowerClient, delivery: Delivery, inbox: str) -> 
             continue
         paths.append(await _save(client, file, delivery, inbox, str(file.get("kind") or "document"), index))
     return paths
+
+
+async def save_transcribed(client: FollowerClient, delivery: Delivery, inbox: str) -> str | None:
+    """Download the file a transcript was made from (``follow --context``); None on failure."""
+    file = delivery.transcribed_from or {}
+    return await _save(client, file, delivery, inbox, str(file.get("kind") or "voice"))
 
 
 async def _save(client: FollowerClient, doc: dict, delivery: Delivery, inbox: str, kind: str,
