@@ -41,6 +41,7 @@ from topicbus.leader.routing import Router
 from topicbus.leader.status import StatusView
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.titles import DEBOUNCE_S, DisplayReconciler
+from topicbus.leader.transcription import Transcriber, TranscriptionOptions
 from topicbus.leader.topics import ControlTopic, TopicCache, TopicEvents, record_topic_gone
 from topicbus.storage.admission import AdmissionLedger
 from topicbus.storage.bindings import BindingRepository
@@ -75,12 +76,14 @@ class LeaderServices:
     reactions: ReceiptReactions
     keyboards: Keyboards
     buttons: ButtonPresses
+    transcriber: Transcriber
 
 
 def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
              default_display_mode: DisplayMode | None, stale_after_ms: int, outbound_options: OutboundOptions,
              display_debounce_s: float = DEBOUNCE_S, offline_ttl_s: float = 86_400.0,
-             receipt_reaction: str | None = "👀", cleanup_grace_s: float = 600.0) -> LeaderServices:
+             receipt_reaction: str | None = "👀", cleanup_grace_s: float = 600.0,
+             transcription: TranscriptionOptions = TranscriptionOptions()) -> LeaderServices:
     telegram = TelegramGateway(bot)
     titles = TopicCache(BindingRepository(term.db))
     # Who is registered: the roster keeps it; the keyboards under output ask it whether the process
@@ -122,7 +125,10 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
         on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record,
         on_pruned=roster.pruned)
-    router = Router(term, roster, gateway, notices, outbound, timers=timers)
+    # Voice notes as text: downloaded through the gateway (no budget spent), transcribed in the
+    # background, released into the binding's delivery (kick) once the transcript is in.
+    transcriber = Transcriber(term, notices, transcription, download=gateway.download, kick=roster.hub.kick)
+    router = Router(term, roster, gateway, notices, outbound, timers=timers, transcriber=transcriber)
     agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
     buttons = ButtonPresses(term, router, agent_commands, gateway)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
@@ -139,7 +145,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,
-                          agent_commands=agent_commands, reactions=reactions, keyboards=keyboards, buttons=buttons)
+                          agent_commands=agent_commands, reactions=reactions, keyboards=keyboards, buttons=buttons,
+                          transcriber=transcriber)
 
 
 async def open_term(services: LeaderServices, *, replay: bool = True,
@@ -166,6 +173,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
         return False
     s.outbound.start()
     await s.router.start()
+    await s.transcriber.resume()  # voice notes a crashed term left held: transcribed again
     await s.buttons.resume()
     s.agent_commands.queue.start()
     await s.registrations.restore_roster()
@@ -180,4 +188,5 @@ async def close_term(services: LeaderServices) -> None:
     await services.outbound.stop()
     await services.roster.close()
     await services.term.close()
+    await services.transcriber.close()
     services.term.revoke()

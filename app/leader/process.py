@@ -41,9 +41,11 @@ from topicbus.leader.outbound import OutboundOptions
 from topicbus.leader.provisioning import SlotUnavailable, TopicCreationFailed
 from topicbus.leader.rotation import RotationBlocked
 from topicbus.leader.term import LeaderTerm
+from topicbus.leader.transcription import TranscriptionOptions
 from topicbus.logsetup import EventJournal
 from topicbus.retry import Backoff, sleep_or_stop
 from topicbus.settings import Settings
+from topicbus.speech.client import TranscriptionEndpoint
 from topicbus.storage.admission import AdmissionBlocked
 from topicbus.storage.db import Authority, Database, StorageUnavailable
 from topicbus.storage.lease import LeaseRepository
@@ -179,6 +181,13 @@ class LeaderProcess:
         return values
 
 
+def transcription_options(s: Settings) -> TranscriptionOptions:
+    """Voice notes as text, from the environment (no endpoint: they stay files)."""
+    endpoint = None if s.transcribe_url is None else TranscriptionEndpoint(
+        base_url=s.transcribe_url, model=s.transcribe_model, language=s.transcribe_language, key=s.transcribe_key)
+    return TranscriptionOptions(endpoint=endpoint, max_s=s.transcribe_max_s, timeout_s=s.transcribe_timeout_s)
+
+
 class Leadership:
     """Everything that exists only while this process holds the lease."""
 
@@ -216,7 +225,8 @@ class Leadership:
                             liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
                             default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms,
                             outbound_options=outbound_options(s), offline_ttl_s=s.offline_ttl_s,
-                            receipt_reaction=s.receipt_reaction, cleanup_grace_s=s.cleanup_grace_s)
+                            receipt_reaction=s.receipt_reaction, cleanup_grace_s=s.cleanup_grace_s,
+                            transcription=transcription_options(s))
         self.services = services
         # Before the term opens: the start-up checks call Telegram directly (no chat budget spent,
         # and the scheduler has not started yet). The command menu is read while the chat is
