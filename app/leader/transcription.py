@@ -99,6 +99,21 @@ def voice_file(payload: Mapping[str, Any]) -> dict[str, Any] | None:
     return dict(files[0])
 
 
+def verdict(payload: Mapping[str, Any], options: TranscriptionOptions) -> str | None:
+    """What becomes of an owner item: :data:`TRANSCRIBE` (journal it held and transcribe it), a
+    :class:`Cause` (deliver the file and tell the topic why) or None (not a voice note)."""
+    file = voice_file(payload)
+    if file is None:
+        return None
+    if options.endpoint is None:
+        return Cause.OFF
+    duration, size = file.get("duration"), file.get("fileSize")
+    if (isinstance(duration, int) and duration > options.max_s) or (
+            isinstance(size, int) and size > options.max_bytes):
+        return Cause.TOO_LONG
+    return TRANSCRIBE
+
+
 def duration_label(seconds: int) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
@@ -113,7 +128,7 @@ class Transcriber:
         self._download = download
         self._kick = kick
         endpoint = options.endpoint
-        self._client = client if client is not None or endpoint is None else TranscriptionClient(endpoint)
+        self._client = None if endpoint is None else client or TranscriptionClient(endpoint)
         self._bindings = BindingRepository(term.db)
         self._settings = RuntimeSettingsRepository(term.db)
         self._slots = asyncio.Semaphore(CONCURRENT)
@@ -124,18 +139,9 @@ class Transcriber:
 
     # --- routing's questions ---------------------------------------------------------------------
     def verdict(self, payload: Mapping[str, Any]) -> str | None:
-        """:data:`TRANSCRIBE` (journal it held, then :meth:`begin`), a :class:`Cause` (deliver the file
-        and :meth:`tell` the topic) or None (not a voice note)."""
-        file = voice_file(payload)
-        if file is None:
-            return None
-        if self._client is None:
-            return Cause.OFF
-        duration, size = file.get("duration"), file.get("fileSize")
-        if (isinstance(duration, int) and duration > self.options.max_s) or (
-                isinstance(size, int) and size > self.options.max_bytes):
-            return Cause.TOO_LONG
-        return TRANSCRIBE
+        """:func:`verdict` for this leader's options: :data:`TRANSCRIBE` (journal it held, then
+        :meth:`begin`), a :class:`Cause` (deliver the file and :meth:`tell` the topic) or None."""
+        return verdict(payload, self.options)
 
     def begin(self, item: JournalItem) -> None:
         """Transcribe a held note in the background (a task of the term: cancelled when it ends,
