@@ -175,6 +175,8 @@ class LeaderProcess:
                 "topicbus_route_latency_ms": {"0.5": router.latency.quantile(0.5) or 0,
                                               "0.99": router.latency.quantile(0.99) or 0},
                 "topicbus_display_passes_total": services.display.passes,
+                "topicbus_voice_notes_total": {"transcribed": services.transcriber.stats["transcribed"],
+                                               "file": services.transcriber.stats["fell_back"]},
                 "topicbus_display_edits_total": services.display.edits,
                 **services.outbound.metrics(),
             })

@@ -180,20 +180,17 @@ class Transcriber:
                 if self._client is not None:
                     await self._announce()
                     text, cause, reason = await self._transcript(item)
-                backoff = Backoff(initial=0.5, maximum=10.0)
-                for attempt in range(SETTLE_ATTEMPTS):
-                    try:
-                        await self._settle(item, text, cause, reason)
-                        return
-                    except AuthorityLost:
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - storage trouble: the row stays held, try again
-                        logger.bind(phase="transcribe").warning("voice note {} not released yet ({}); retrying",
-                                                                item.delivery_id, type(exc).__name__)
-                        if attempt + 1 < SETTLE_ATTEMPTS:
-                            await asyncio.sleep(backoff.next())
+                if not await self._release(item, text):
+                    return  # dropped (/drop) while it was transcribed, or storage kept failing
             except AuthorityLost:
                 return  # the row stays held: the next term transcribes it again
+            try:
+                if text is None:
+                    await self.tell(item.binding_key, cause, reason)
+                await self._kick(item.binding_key)
+            except Exception as exc:  # noqa: BLE001 - the note is released: a later kick delivers it
+                logger.bind(phase="transcribe").warning("voice note {} released, but not sent yet ({})",
+                                                        item.delivery_id, type(exc).__name__)
 
     async def _transcript(self, item: JournalItem) -> tuple[str | None, Cause, str]:
         """(the cleaned transcript, _, _) or (None, the cause, a short reason)."""
@@ -236,9 +233,35 @@ class Transcriber:
             raise TranscriptionFailed("the voice note is larger than its length allows")
         return bytes(data)
 
-    async def _settle(self, item: JournalItem, text: str | None, cause: Cause, reason: str) -> None:
-        """Release the held row (with its transcript, or as it was) and, with a transcript, queue the
-        echo in the same unit of work; then tell the topic why if it fell back, and deliver."""
+    async def _release(self, item: JournalItem, text: str | None) -> bool:
+        """Release the held row, with its transcript and the echo in one unit of work, or as it
+        was; False when it was no longer held. Storage trouble is retried a few times (the row stays
+        held meanwhile, and the next term releases it if this one cannot)."""
+        backoff = Backoff(initial=0.5, maximum=10.0)
+        for attempt in range(SETTLE_ATTEMPTS):
+            try:
+                released = await self._settle(item, text)
+            except AuthorityLost:
+                raise
+            except Exception as exc:  # noqa: BLE001 - storage trouble: try again
+                logger.bind(phase="transcribe").warning("voice note {} not released yet ({}); retrying",
+                                                        item.delivery_id, type(exc).__name__)
+                if attempt + 1 < SETTLE_ATTEMPTS:
+                    await asyncio.sleep(backoff.next())
+                continue
+            if released and self._client is not None:
+                self.stats["transcribed" if text is not None else "fell_back"] += 1
+                if text is not None:
+                    logger.bind(phase="transcribe").info("voice note {} transcribed ({} characters)",
+                                                         item.delivery_id, len(text))
+            return released
+        logger.bind(phase="transcribe").error("voice note {} stays held: storage kept failing; the next "
+                                              "leader term releases it", item.delivery_id)
+        return False
+
+    async def _settle(self, item: JournalItem, text: str | None) -> bool:
+        """One attempt: the held row becomes pending (with its transcript item, or as it was) and,
+        with a transcript, ``🎙 <text>`` is queued as a reply to the note in the same unit of work."""
         authority = self._term.authority()
         binding = await self._bindings.get(item.binding_key)
         payload = transcript_item(item.payload, text) if text is not None else None
@@ -251,16 +274,7 @@ class Transcriber:
                                                      reply_to=item.payload.get("messageId"))
         if echoed and binding is not None:
             self._notices.wake(binding)
-        if not released:
-            return  # dropped (/drop) while it was transcribed
-        if text is not None:
-            self.stats["transcribed"] += 1
-            logger.bind(phase="transcribe").info("voice note {} transcribed ({} characters)", item.delivery_id,
-                                                 len(text))
-        else:
-            self.stats["fell_back"] += 1
-            await self.tell(item.binding_key, cause, reason)
-        await self._kick(item.binding_key)
+        return released
 
     async def _announce(self) -> None:
         """The first note after the endpoint was configured (or changed): one line in the control
@@ -272,10 +286,18 @@ class Transcriber:
             if self._announced:
                 return
             host = endpoint.host
-            if await self._settings.get(TRANSCRIPTION_ANNOUNCED) != host:
-                await self._notices.answer(f"🎙 Voice notes are transcribed by {host}: their audio leaves this "
-                                           "machine for that endpoint (TOPICBUS_TRANSCRIBE_URL).")
-                await self._settings.set(TRANSCRIPTION_ANNOUNCED, host, self._term.now_ms(), self._term.authority())
+            try:
+                if await self._settings.get(TRANSCRIPTION_ANNOUNCED) != host:
+                    await self._notices.answer(f"🎙 Voice notes are transcribed by {host}: their audio leaves this "
+                                               "machine for that endpoint (TOPICBUS_TRANSCRIBE_URL).")
+                    await self._settings.set(TRANSCRIPTION_ANNOUNCED, host, self._term.now_ms(),
+                                             self._term.authority())
+            except AuthorityLost:
+                raise
+            except Exception as exc:  # noqa: BLE001 - storage trouble: told with the next note instead
+                logger.bind(phase="transcribe").warning("the control topic was not told where audio goes yet ({})",
+                                                        type(exc).__name__)
+                return
             self._announced = True
 
     async def close(self) -> None:

@@ -64,6 +64,16 @@ def echoes(cluster: Cluster, thread: int) -> list[tuple[str, Any]]:
             and "reach this agent" not in c.params["text"]]
 
 
+def voice_notes_metric(cluster: Cluster) -> dict[str, float]:
+    """``topicbus_voice_notes_total`` by outcome, from ``/metrics``."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.port}/metrics", timeout=5) as resp:
+        lines = resp.read().decode().splitlines()
+    prefix = 'topicbus_voice_notes_total{outcome="'
+    return {line[len(prefix):].split('"')[0]: float(line.split()[-1]) for line in lines if line.startswith(prefix)}
+
+
 def notices(cluster: Cluster, thread: int, needle: str) -> list[str]:
     return [t for t in cluster.texts_in(thread) if needle in t]
 
@@ -120,6 +130,7 @@ async def test_a_voice_note_becomes_text_on_stdin_and_a_reply_in_the_topic_befor
     await cluster.wait_text(thread, "transcription failed (the endpoint answered HTTP 500)", DEADLINE_S)
     assert transcriber.key not in leader.log()
     assert "voice note" in leader.log()  # the log did record the transcriptions
+    assert voice_notes_metric(cluster) == {"transcribed": 2.0, "file": 1.0}
 
 
 async def test_with_context_the_file_line_follows_the_transcript(cluster: Cluster, transcriber: FakeTranscriber):
@@ -174,6 +185,7 @@ async def test_a_failing_a_slow_and_a_too_long_note_fall_back_to_the_file_with_o
         "(TOPICBUS_TRANSCRIBE_MAX_S)."]
     assert echoes(cluster, thread) == []
     assert transcriber.key not in leader.log()
+    assert voice_notes_metric(cluster) == {"transcribed": 0.0, "file": 4.0}
 
 
 async def test_without_an_endpoint_voice_notes_stay_files_and_the_topic_says_why_once(cluster: Cluster):
