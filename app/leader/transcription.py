@@ -136,6 +136,7 @@ class Transcriber:
         self._announced = False
         self._told: set[tuple[str, Cause]] = set()  # (binding, cause) the topic was told about
         self.stats = {"transcribed": 0, "fell_back": 0}
+        self.in_flight = 0  # held notes this term is transcribing or releasing now
 
     # --- routing's questions ---------------------------------------------------------------------
     def verdict(self, payload: Mapping[str, Any]) -> str | None:
@@ -146,6 +147,7 @@ class Transcriber:
     def begin(self, item: JournalItem) -> None:
         """Transcribe a held note in the background (a task of the term: cancelled when it ends,
         and the next term starts again)."""
+        self.in_flight += 1
         self._term.spawn(self._run(item))
 
     async def resume(self) -> None:
@@ -174,6 +176,12 @@ class Transcriber:
 
     # --- one note ------------------------------------------------------------------------------------
     async def _run(self, item: JournalItem) -> None:
+        try:
+            await self._run_one(item)
+        finally:
+            self.in_flight -= 1
+
+    async def _run_one(self, item: JournalItem) -> None:
         async with self._slots:
             text, cause, reason = None, Cause.OFF, ""
             try:
