@@ -48,7 +48,7 @@ from topicbus.storage.runtime_settings import TRANSCRIPTION_ANNOUNCED, RuntimeSe
 
 VOICE_KINDS = frozenset({"voice", "audio"})  # what is transcribed: voice notes and audio files
 BYTES_PER_SECOND = 40_000  # 320 kbit/s, the highest common MP3 rate: the byte cap is max_s of it
-CONCURRENT = 2  # transcriptions at a time (each holds one note's bytes)
+CONCURRENT = 4  # transcriptions at a time, all topics together (each holds one note's bytes, 12 MB at most)
 _SPACES = re.compile(r" {2,}")
 ECHO_LIMIT = 4000  # characters of the transcript shown in the topic (a message takes 4,096)
 TRANSCRIBE = "transcribe"  # Transcriber.verdict: hold the note and transcribe it

@@ -12,6 +12,8 @@ in :attr:`requests`. What it answers, request by request: :meth:`answer` (the te
 answers), :meth:`fail_next` (an HTTP error, by default 500, whose body repeats the request's
 ``Authorization`` header, as a careless server might), :meth:`hold_next` (no answer until the test
 calls :meth:`release` or the fixture ends: a slow endpoint, or one a leader dies waiting on).
+:attr:`decide`, when set, chooses instead for every request (``"text"``, ``"fail"`` or ``"hold"``), and
+:attr:`echo` answers ``heard <the audio's bytes>`` (so a test knows which note a transcript is of).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -47,6 +49,8 @@ class FakeTranscriber:
         self.requests: list[TranscriptionRequest] = []
         self.refused: list[str] = []
         self.held = 0  # requests waiting for release() right now
+        self.decide: Callable[[TranscriptionRequest], str] | None = None
+        self.echo = False
         self._plan: deque[tuple[str, object]] = deque()  # ("text", str) | ("fail", status) | ("hold", None)
         self._texts: deque[str] = deque()
         self._released = asyncio.Event()
@@ -119,6 +123,8 @@ class FakeTranscriber:
                                                   file_name=file_name, content_type=file_type, audio=audio,
                                                   authorization=authorization))
         action, value = self._plan.popleft() if self._plan else ("text", None)
+        if self.decide is not None:
+            action, value = self.decide(self.requests[-1]), 500
         if action == "fail":
             return web.Response(status=int(value), text=f"server error for {authorization}")  # type: ignore[arg-type]
         if action == "hold":
@@ -127,6 +133,8 @@ class FakeTranscriber:
                 await self._released.wait()
             finally:
                 self.held -= 1
+        if self.echo:
+            return web.json_response({"text": "heard " + audio.decode("utf-8", "replace")})
         text = self._texts.popleft() if self._texts else DEFAULT_TEXT
         return web.json_response({"text": text})
 
