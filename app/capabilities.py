@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = [
     "CAP_BUTTON", "CAP_BUTTONS", "CAP_CONTROL", "CAP_DELIVER", "CAP_DISPLAY_TITLE", "CAP_EDIT", "CAP_FORMAT",
-    "CAP_MEDIA", "CAP_PHOTO", "CAP_SEND", "SEND_TYPE_CAPABILITIES", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES", "LEADER_CAPABILITIES", "LEADER_V1_CAPABILITIES",
+    "CAP_MEDIA", "CAP_PHOTO", "CAP_SEND", "CAP_TRANSCRIPT", "DELIVERY_FIELD_CAPABILITIES", "SEND_TYPE_CAPABILITIES", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES", "LEADER_CAPABILITIES", "LEADER_V1_CAPABILITIES",
     "MESSAGE_ITEM", "REQUIRED_FOLLOWER_CAPABILITIES", "SEND_BASE_FIELDS", "SEND_FIELD_CAPABILITIES",
     "UNSUPPORTED_BY_LEADER", "Capabilities", "may_deliver",
 ]
@@ -25,6 +25,7 @@ CAP_CONTROL = "control-v1"  # follower: receives `control` deliveries
 CAP_BUTTON = "button-v1"  # follower: receives `button` deliveries
 CAP_EDIT = "edit-v1"  # follower: receives `edit` deliveries
 CAP_MEDIA = "media-v1"  # follower: receives `media` deliveries
+CAP_TRANSCRIPT = "transcript-v1"  # follower: a `message` delivery may carry `transcribedFrom` (a voice note's file)
 CAP_SEND = "send-v1"  # leader: serves follower.send
 CAP_FORMAT = "format-v1"  # leader: honours a send message's `format`
 CAP_BUTTONS = "buttons-v1"  # leader: honours a send message's `buttons`
@@ -34,6 +35,8 @@ MESSAGE_ITEM = "message"  # the delivery type every follower receives
 DELIVERY_CAPABILITIES: Mapping[str, str] = {
     "control": CAP_CONTROL, "button": CAP_BUTTON, "edit": CAP_EDIT, "media": CAP_MEDIA,
 }
+#: Delivery item fields beyond version 1's, each with the capability a follower advertises to get it.
+DELIVERY_FIELD_CAPABILITIES: Mapping[str, str] = {"transcribedFrom": CAP_TRANSCRIPT}
 SEND_BASE_FIELDS: Mapping[str, frozenset[str]] = {  # what every version 1 leader honours
     "text": frozenset({"type", "text"}),
     "chatAction": frozenset({"type", "action"}),
@@ -84,6 +87,12 @@ class Capabilities:
             return True
         needed = DELIVERY_CAPABILITIES.get(item_type)
         return needed is not None and needed in self.names
+
+    def delivery_fields(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        """Leader's question: ``item`` without the fields this follower did not advertise it takes
+        (``transcribedFrom`` only with transcript-v1)."""
+        return {k: v for k, v in item.items()
+                if k not in DELIVERY_FIELD_CAPABILITIES or DELIVERY_FIELD_CAPABILITIES[k] in self.names}
 
     def accepts_send_field(self, field: str, message_type: str) -> bool:
         """Follower's question: does the leader that advertised these honour ``field`` in a

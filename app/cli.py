@@ -123,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     follow.add_argument("--format", dest="text_format", choices=("pre", "plain", "markdown"), default="pre",
                         help="how output is shown: monospace (pre, the default), plain text or Markdown")
     follow.add_argument("--context", action="store_true",
-                        help="also type what a message replied to ([reply to …] before it) and owners' edits "
-                             "([edit] <new text>); off by default, since a shell or REPL would run those lines")
+                        help="also type what a message replied to ([reply to …] before it), owners' edits "
+                             "([edit] <new text>) and the file line after a transcribed voice note ([voice <path>]); "
+                             "off by default, since a shell or REPL would run those lines")
     follow.add_argument("--end-blocks", action="store_true",
                         help="type an empty line after each multi-line message and one-line compound statement "
                              "(ends a block in Python's REPL)")

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from topicbus.capabilities import (  # noqa: F401 - re-exported: the protocol is defined in one place
     CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT, CAP_FORMAT, CAP_MEDIA, CAP_PHOTO,
-    CAP_SEND, DELIVERY_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES, LEADER_CAPABILITIES, LEADER_V1_CAPABILITIES, MESSAGE_ITEM,
+    CAP_SEND, CAP_TRANSCRIPT, DELIVERY_CAPABILITIES, DELIVERY_FIELD_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES,
+    LEADER_CAPABILITIES, LEADER_V1_CAPABILITIES, MESSAGE_ITEM,
     REQUIRED_FOLLOWER_CAPABILITIES, SEND_BASE_FIELDS, SEND_FIELD_CAPABILITIES, SEND_TYPE_CAPABILITIES,
     UNSUPPORTED_BY_LEADER, Capabilities, may_deliver,
 )
@@ -313,6 +314,9 @@ class MessageItem(_Strict):
     date: int | None = None
     document: DocumentRef | None = None
     reply: ReplyContext | None = None
+    # transcript-v1: ``text`` is the leader's transcript of this voice note or audio file (the owner
+    # spoke it); absent from every other message, and never sent to a follower without the capability.
+    transcribed_from: FileRef | None = Field(default=None, alias="transcribedFrom")
 
 
 class MediaItem(_Strict):
@@ -551,8 +555,12 @@ def error_ack(request_id: str, code: ErrorCode | str, message: str, **extra: Any
 
 def message_item(**fields: Any) -> dict[str, Any]:
     """A ``message`` delivery item, validated, with every field present (absent ones as null).
-    Fields by their wire names (``text``, ``messageId``, ``fromUserId``, ``document`` …)."""
-    return MessageItem.model_validate({**fields, "type": MESSAGE_ITEM}).model_dump(by_alias=True)
+    Fields by their wire names (``text``, ``messageId``, ``fromUserId``, ``document`` …);
+    ``transcribedFrom`` only when given."""
+    item = MessageItem.model_validate({**fields, "type": MESSAGE_ITEM}).model_dump(by_alias=True)
+    if item.get("transcribedFrom") is None:
+        item.pop("transcribedFrom", None)
+    return item
 
 
 def deliver_frame(delivery_id: str, instance_id: str, generation: str, item: Mapping[str, Any]) -> dict[str, Any]:

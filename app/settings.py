@@ -78,6 +78,14 @@ class Settings(BaseSettings):
     offline_ttl_s: float = Field(default=86_400.0, gt=0)  # messages for an offline agent expire after this
     receipt_reaction: str = "👀"  # reaction on an owner message once its agent has it; "off": none
 
+    # --- leader: voice notes as text (an OpenAI-compatible transcription endpoint) -------------
+    transcribe_url: str | None = None  # base URL; the leader POSTs to <base>/v1/audio/transcriptions
+    transcribe_key_file: Path | None = None  # a file holding the endpoint's key (sent as a Bearer token)
+    transcribe_model: str = Field(default="whisper-1", min_length=1, max_length=200)
+    transcribe_language: str | None = Field(default=None, max_length=32)  # e.g. "en"; unset: the endpoint guesses
+    transcribe_max_s: int = Field(default=300, gt=0, le=3600)  # longer notes are delivered as files
+    transcribe_timeout_s: float = Field(default=60.0, gt=0, le=600)  # download and transcription together
+
     # --- follower side ----------------------------------------------------------------------
     leader_url: str = "ws://127.0.0.1:8765/v1/bus"
     heartbeat_interval_ms: int = Field(default=1_000, gt=0)
@@ -102,6 +110,8 @@ class Settings(BaseSettings):
     health_poll_deadline_s: float = Field(default=60.0, gt=0)
 
     _placeholders: frozenset[str] = PrivateAttr(default=frozenset())
+    _transcribe_key: str | None = PrivateAttr(default=None)
+    _transcribe_key_problem: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -153,6 +163,40 @@ class Settings(BaseSettings):
             raise ValueError("must start with http:// or https://")
         return value
 
+    @field_validator("transcribe_url", "transcribe_language", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("transcribe_url")
+    @classmethod
+    def _transcribe_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+            raise ValueError("must be the base URL of an OpenAI-compatible API, starting with http:// or https:// "
+                             "(the leader posts to <base>/v1/audio/transcriptions)")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _read_transcribe_key(self) -> Settings:
+        """The endpoint's key, read once from its file (never from the environment itself)."""
+        path = self.transcribe_key_file
+        if path is None:
+            return self
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            self._transcribe_key_problem = (f"cannot read {path} "
+                                            f"({getattr(exc, 'strerror', None) or type(exc).__name__})")
+            return self
+        if not key or any(c.isspace() for c in key):
+            self._transcribe_key_problem = f"{path} must hold the key alone, on one line"
+            return self
+        self._transcribe_key = key
+        return self
+
     @field_validator("leader_url")
     @classmethod
     def _ws_url(cls, value: str) -> str:
@@ -163,7 +207,13 @@ class Settings(BaseSettings):
     # --- derived ------------------------------------------------------------------------------
     def secrets(self) -> list[str]:
         """The secret values that must never reach a log line."""
-        return [s.get_secret_value() for s in (self.bot_token, self.bus_secret) if s is not None]
+        found = [s.get_secret_value() for s in (self.bot_token, self.bus_secret) if s is not None]
+        return found + ([self._transcribe_key] if self._transcribe_key else [])
+
+    @property
+    def transcribe_key(self) -> str | None:
+        """The transcription endpoint's key, read from ``TOPICBUS_TRANSCRIBE_KEY_FILE`` (None: no key)."""
+        return self._transcribe_key
 
     def is_placeholder(self, name: str) -> bool:
         """``name`` (a field) still holds the placeholder value from ``.env.example``."""
@@ -199,6 +249,8 @@ class Settings(BaseSettings):
                             f"{'CERT' if missing.endswith('KEY') else 'KEY'} (TLS needs both a certificate and its key)")
         if self.is_placeholder("bus_secret"):
             problems.append(self.placeholder_problem("bus_secret"))
+        if self._transcribe_key_problem is not None:
+            problems.append(f"{ENV_PREFIX}TRANSCRIBE_KEY_FILE: {self._transcribe_key_problem}")
         return problems
 
     def _chat_id_hint(self) -> str | None:

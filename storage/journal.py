@@ -1,7 +1,8 @@
 """Inbound journal: owner messages kept durably until the follower's receipt.
 
-A row's ``status``: ``pending`` (waits for its follower's receipt), ``gathering`` (an album part
-waiting for the rest of its album; delivery stops there so that order is kept), and the settled
+A row's ``status``: ``pending`` (waits for its follower's receipt), ``gathering`` (held back: an album
+part waiting for the rest of its album, or — without a media group — a voice note waiting for its
+transcript; delivery stops there so that order is kept), and the settled
 states ``delivered``, ``merged`` (an album part folded into its album's first row), ``skipped`` (the
 follower does not take that delivery type, or a button press meant for an earlier process),
 ``dropped`` (``/drop``) and ``expired`` (older than the offline TTL). ``delivered_at_ms`` is when a
@@ -14,7 +15,7 @@ it, also after it reconnects; a successor never does.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,9 +73,11 @@ class JournalRepository:
         added = await self.append_many([(update_id, binding_key, payload)], now_ms, authority)
         return added[0] if added else None
 
-    async def append_many(self, rows: Sequence[JournalRow], now_ms: int, authority: Authority) -> list[JournalItem]:
+    async def append_many(self, rows: Sequence[JournalRow], now_ms: int, authority: Authority, *,
+                          held: Collection[int] = ()) -> list[JournalItem]:
         """Journal a batch of routed updates atomically; already journaled ones are skipped. A row
-        with a media group (an album part) is journaled as ``gathering``.
+        with a media group (an album part) is journaled as ``gathering``, and so is a row whose update
+        id is in ``held`` (a voice note to transcribe, see :meth:`release_held_tx`).
 
         One statement on the hot path: the rows, the duplicate check (``ON CONFLICT``) and the
         authority check (the lease row must still name this leader) commit or fail together."""
@@ -87,7 +90,8 @@ class JournalRepository:
         values = ", ".join("(?, ?, ?, ?, ?, ?)" for _ in unique)
         params: list[Any] = []
         for update_id, binding_key, payload, group in unique.values():
-            params += [update_id, binding_key, _dump(payload), now_ms, "gathering" if group else "pending", group]
+            params += [update_id, binding_key, _dump(payload), now_ms,
+                       "gathering" if group or update_id in held else "pending", group]
         found = await self._db.self_fenced_statement(
             f"""INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms, status, media_group)
                 SELECT column1, column2, column3, column4, column5, column6 FROM (VALUES {values})
@@ -96,7 +100,7 @@ class JournalRepository:
         if not found and not await self._db.still_leader(authority):
             raise AuthorityLost("leader lease changed hands")
         seqs = {r["update_id"]: int(r["seq"]) for r in found}
-        return sorted((JournalItem(seqs[u], u, k, p, 0, now_ms, "gathering" if g else "pending", g)
+        return sorted((JournalItem(seqs[u], u, k, p, 0, now_ms, "gathering" if g or u in held else "pending", g)
                        for u, k, p, g in unique.values() if u in seqs), key=lambda i: i.seq)
 
     @staticmethod
@@ -173,7 +177,7 @@ class JournalRepository:
         """(binding key, media group) of every album still gathering (e.g. left by a crashed leader)."""
         rows = await self._db.fetch_all(
             """SELECT binding_key, media_group, MIN(seq) AS first FROM inbound_journal WHERE status = 'gathering'
-               GROUP BY binding_key, media_group ORDER BY first""")
+               AND media_group IS NOT NULL GROUP BY binding_key, media_group ORDER BY first""")
         return [(r["binding_key"], r["media_group"] or "") for r in rows]
 
     async def seal_group(self, binding_key: str, media_group: str,
@@ -205,6 +209,26 @@ class JournalRepository:
                 sealed.append(JournalItem(first.seq, first.update_id, binding_key, album, first.attempts,
                                           first.created_at_ms, "pending", media_group))
         return sealed
+
+    # --- voice notes held for their transcript ---------------------------------------------------
+    async def held_for_transcript(self) -> list[JournalItem]:
+        """Rows held without a media group (voice notes waiting for their transcript, e.g. left by a
+        crashed leader), in journal order."""
+        rows = await self._db.fetch_all(
+            "SELECT * FROM inbound_journal WHERE status = 'gathering' AND media_group IS NULL ORDER BY seq")
+        return [_item(r) for r in rows]
+
+    @staticmethod
+    async def release_held_tx(uow: UnitOfWork, seq: int, binding_key: str, payload: dict[str, Any] | None) -> bool:
+        """A held voice note becomes ``pending`` (deliverable), with ``payload`` (its transcript item)
+        instead of what was journaled, or as it was (None). False when it is no longer held (dropped)."""
+        if payload is None:
+            return await uow.execute(
+                """UPDATE inbound_journal SET status = 'pending' WHERE seq = ? AND binding_key = ?
+                   AND status = 'gathering' AND media_group IS NULL""", (seq, binding_key)) == 1
+        return await uow.execute(
+            """UPDATE inbound_journal SET status = 'pending', payload = ? WHERE seq = ? AND binding_key = ?
+               AND status = 'gathering' AND media_group IS NULL""", (_dump(payload), seq, binding_key)) == 1
 
     # --- the offline queue ----------------------------------------------------------------------
     async def drop_waiting(self, binding_key: str, now_ms: int, authority: Authority) -> int:

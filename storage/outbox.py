@@ -37,19 +37,30 @@ class OutboxRepository:
                       priority: Priority = Priority.OUTPUT, units: int = 0, fmt: str | None = None,
                       has_buttons: bool = False) -> tuple[int, bool]:
         """Store one item; idempotent per (instance_id, request_id). Returns (id, newly_added)."""
-        body = json.dumps(payload, separators=(",", ":"))
         async with self._db.unit_of_work(authority) as uow:
-            row = await uow.fetch_one("SELECT id FROM outbox WHERE instance_id = ? AND request_id = ?",
-                                      (instance_id, request_id))
-            if row is not None:
-                return row["id"], False
-            new_id = await uow.insert(
-                """INSERT INTO outbox (binding_key, chat_id, thread_id, instance_id, request_id, kind, priority, units,
-                       bytes, format, has_buttons, payload, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                (binding_key, chat_id, thread_id, instance_id, request_id, kind, int(priority), units, len(body), fmt,
-                 int(has_buttons), body, now_ms),
-            )
-            return new_id, True
+            return await self.enqueue_tx(uow, binding_key=binding_key, chat_id=chat_id, thread_id=thread_id,
+                                         instance_id=instance_id, request_id=request_id, kind=kind, payload=payload,
+                                         now_ms=now_ms, priority=priority, units=units, fmt=fmt,
+                                         has_buttons=has_buttons)
+
+    @staticmethod
+    async def enqueue_tx(uow: UnitOfWork, *, binding_key: str, chat_id: int, thread_id: int | None,
+                         instance_id: str, request_id: str, kind: str, payload: dict[str, Any], now_ms: int,
+                         priority: Priority = Priority.OUTPUT, units: int = 0, fmt: str | None = None,
+                         has_buttons: bool = False) -> tuple[int, bool]:
+        """:meth:`enqueue` inside a caller's unit of work (with what must commit with it)."""
+        body = json.dumps(payload, separators=(",", ":"))
+        row = await uow.fetch_one("SELECT id FROM outbox WHERE instance_id = ? AND request_id = ?",
+                                  (instance_id, request_id))
+        if row is not None:
+            return row["id"], False
+        new_id = await uow.insert(
+            """INSERT INTO outbox (binding_key, chat_id, thread_id, instance_id, request_id, kind, priority, units,
+                   bytes, format, has_buttons, payload, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+            (binding_key, chat_id, thread_id, instance_id, request_id, kind, int(priority), units, len(body), fmt,
+             int(has_buttons), body, now_ms),
+        )
+        return new_id, True
 
     # --- what the scheduler reads -------------------------------------------------------------------
     async def topics(self) -> list[TopicBacklog]:

@@ -16,7 +16,7 @@ from enum import StrEnum
 
 import aiohttp
 from telegram import (Bot, BotCommand, BotCommandScopeChat, InlineKeyboardButton, InlineKeyboardMarkup, InputFile,
-                      MessageEntity, ReactionTypeEmoji)
+                      MessageEntity, ReactionTypeEmoji, ReplyParameters)
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
 
 from topicbus.bot.application import telegram_tls_context
@@ -159,11 +159,15 @@ class TelegramGateway:
         return await self._call(self.bot.reopen_forum_topic(chat_id=chat_id, message_thread_id=thread_id))
 
     async def send_message(self, chat_id: int, thread_id: int | None, message: Rendered, *, silent: bool = False,
-                           buttons: InlineKeys | InlineKeyboardMarkup | None = None) -> CallResult:
-        """A text message, with an inline keyboard when ``buttons`` are given; the value is its message id."""
+                           buttons: InlineKeys | InlineKeyboardMarkup | None = None,
+                           reply_to: int | None = None) -> CallResult:
+        """A text message, with an inline keyboard when ``buttons`` are given, as a reply to the message
+        ``reply_to`` when given (sent all the same if that message is gone); the value is its message id."""
+        reply = None if reply_to is None else ReplyParameters(message_id=reply_to, allow_sending_without_reply=True)
         result = await self._call(self.bot.send_message(
             chat_id=chat_id, message_thread_id=thread_id, text=message.text, entities=_entities(message),
-            parse_mode=message.parse_mode, disable_notification=silent, reply_markup=_markup(buttons)))
+            parse_mode=message.parse_mode, disable_notification=silent, reply_markup=_markup(buttons),
+            reply_parameters=reply))
         return _message_id(result)
 
     async def edit_message(self, chat_id: int, message_id: int, message: Rendered, *,

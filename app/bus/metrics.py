@@ -54,6 +54,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Route latency quantiles (ms, getUpdates answer to delivery frame) over the last 256 routed "
                "messages; 0 before the first.", label="quantile"),
     MetricSpec("topicbus_display_passes_total", "counter", "Topic title reconcile passes, this term."),
+    MetricSpec("topicbus_voice_notes_total", "counter",
+               "Voice notes the leader tried to transcribe, by outcome (transcribed, or delivered as a file), "
+               "this term.", label="outcome"),
     MetricSpec("topicbus_budget_used", "gauge", "Calls that spent the chat's allowance in the last minute."),
     MetricSpec("topicbus_budget_per_minute", "gauge", "The chat's allowance a minute (0: a private chat, no window)."),
     MetricSpec("topicbus_budget_paused_seconds", "gauge", "Seconds left of a RetryAfter pause of the chat."),

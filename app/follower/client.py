@@ -26,7 +26,8 @@ media-v1: voice, audio, video, albums as one delivery with all their files); ``e
 to ``on_edit``; ``control`` items (control-v1: ``/interrupt``,
 ``/kill``, ``/eof``) to ``on_control`` and ``button`` items (button-v1: an owner pressed one of this
 follower's inline buttons) to ``on_button``. The client advertises ``control-v1`` / ``button-v1`` /
-``edit-v1`` only when the matching callback is given, and ``media-v1`` only with ``media=True``. Controls run on their own worker, so an ``/interrupt``
+``edit-v1`` only when the matching callback is given, and ``media-v1`` (with ``transcript-v1``: a
+transcribed voice note's ``Delivery.transcribed_from``) only with ``media=True``. Controls run on their own worker, so an ``/interrupt``
 never waits behind a message; messages and button presses keep their order. A callback that raises
 :class:`DeliveryDeclined` leaves the item unacknowledged (the leader keeps it), quietly.
 
@@ -78,6 +79,7 @@ from topicbus.follower.model import (
     split_text,
 )
 from topicbus.protocol import (
+    CAP_TRANSCRIPT,
     FILES_PATH,
     MAX_DOCUMENT_BYTES,
     MAX_TEXT_CHARS,
@@ -170,8 +172,11 @@ class FollowerClient(BusConnection):
             receives.append("edit")
         if media:
             receives.append("media")
+        capabilities = Capabilities.for_follower(receives)
+        if media:  # a transcribed voice note names its file (transcript-v1), as media items do
+            capabilities = Capabilities(capabilities.names | {CAP_TRANSCRIPT})
         super().__init__(
-            leader_url=leader_url, secret=secret, capabilities=Capabilities.for_follower(receives), cwd=cwd,
+            leader_url=leader_url, secret=secret, capabilities=capabilities, cwd=cwd,
             session_id=session_id, name=name, thread_name=thread_name,
             pid=os.getpid() if pid is None else pid, instance_id=instance_id,
             heartbeat_interval_s=heartbeat_interval_s, request_timeout_s=request_timeout_s,

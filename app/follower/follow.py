@@ -40,7 +40,7 @@ from topicbus.follower.capture import OutputCapture
 from topicbus.follower.child import StdinClosed, StdinStalled, StdinWriter, spawn
 from topicbus.follower.client import FollowerClient
 from topicbus.follower.inputs import (INBOX_DIR, context_line, delivery_input, delivery_text, edit_text,
-                                      save_document, save_files)
+                                      save_document, save_files, save_transcribed, transcript_text)
 from topicbus.follower.model import (
     ButtonPress,
     Control,
@@ -193,7 +193,10 @@ async def run_follow(
     async def on_delivery(delivery: Delivery) -> None:
         if writer.gone:
             raise DeliveryDeclined("the child's stdin is closed")
-        if delivery.files is not None:  # voice, audio, video, an album: a line per file
+        if delivery.transcribed_from is not None:  # a voice note the leader transcribed: its text
+            saved = await save_transcribed(client, delivery, inbox) if context else None
+            text = transcript_text(delivery, saved, context=context)
+        elif delivery.files is not None:  # voice, audio, video, an album: a line per file
             text = delivery_text(delivery, saved_files=await save_files(client, delivery, inbox))
         else:
             saved = await save_document(client, delivery, inbox) if delivery.document else None

@@ -18,7 +18,7 @@ from topicbus.metadata import clean_metadata
 from topicbus.protocol import CAP_FORMAT
 
 __all__ = ["INBOX_DIR", "Received", "context_line", "delivery_input", "delivery_text", "edit_text",
-           "save_document", "save_files", "typed_name"]
+           "save_document", "save_files", "save_transcribed", "transcript_text", "typed_name"]
 
 INBOX_DIR = os.path.join(".topicbus", "inbox")
 _LINE_BREAK = re.compile(r"\r\n|\r")
@@ -99,6 +99,22 @@ def delivery_text(delivery: Delivery, saved_path: Received | None = None,
     return _LINE_BREAK.sub("\n", body)
 
 
+def transcript_text(delivery: Delivery, saved: Received | None = None, *, context: bool = False) -> str:
+    """What a transcribed voice note types (``delivery.transcribed_from``): the transcript, as a
+    message the owner wrote (the leader made it one line). With ``context`` the file line follows,
+    :meth:`Received.line` of ``saved`` (``[<kind> <path>]``, or its clean name and why it was not
+    saved), with the caption after it; without, the caption follows on its own line when there is
+    one."""
+    lines = [delivery.text or ""]
+    file = delivery.transcribed_from or {}
+    if context:
+        line = (saved or _unattempted(file, _kind_of(file, "voice"))).line()
+        lines.append(line + (f" {delivery.caption}" if delivery.caption else ""))
+    elif delivery.caption:
+        lines.append(delivery.caption)
+    return _LINE_BREAK.sub("\n", "\n".join(lines))
+
+
 def context_line(delivery: Delivery, limit: int = 200) -> str | None:
     """``follow --context``: the line typed before a reply, ``[reply to <whom>: <text>]`` (with the
     quote instead of the text when the owner quoted part of it), or None for a message that replies
@@ -151,6 +167,13 @@ async def save_files(client: FollowerClient, delivery: Delivery, inbox: str) -> 
     the leader marks) is not fetched. The topic is told once, in one message, of every file that
     failed or turned out too large to fetch (the leader already told it of those it marked)."""
     return await _save_all(client, delivery, list(delivery.files or []), inbox, None)
+
+
+async def save_transcribed(client: FollowerClient, delivery: Delivery, inbox: str) -> Received:
+    """Download the file a transcript was made from (``follow --context``), with :func:`save_files`'
+    rules."""
+    file = delivery.transcribed_from or {}
+    return (await _save_all(client, delivery, [file], inbox, _kind_of(file, "voice")))[0]
 
 
 async def _save_all(client: FollowerClient, delivery: Delivery, files: list[Mapping[str, Any]], inbox: str,

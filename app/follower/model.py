@@ -49,7 +49,9 @@ class Delivery:
     each also with ``kind`` (``document``, ``photo``, ``voice``, ``audio``, ``video``, ``video_note``,
     ``animation``), ``duration`` (seconds) and ``tooLarge`` (over the Bot API's 20 MB: it cannot be
     fetched); an album is one delivery. ``reply``: what the owner replied to, ``{"messageId", "text",
-    "fromName", "fromAgent", "quote"}`` (``fromAgent``: the agent's own output), else None."""
+    "fromName", "fromAgent", "quote"}`` (``fromAgent``: the agent's own output), else None.
+    ``transcribed_from`` (transcript-v1, a client made with ``media=True``): ``text`` is the leader's
+    transcript of this voice note or audio file, which is that file (a ``files`` entry), else None."""
 
     delivery_id: str
     text: str | None
@@ -61,6 +63,7 @@ class Delivery:
     document: dict | None
     reply: dict | None = None
     files: list[dict] | None = None
+    transcribed_from: dict | None = None
 
 
 @dataclass(frozen=True)

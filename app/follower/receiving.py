@@ -129,4 +129,5 @@ def delivery_of(frame: Deliver) -> Delivery:
         date=item.date,
         document=item.document.model_dump(by_alias=True) if item.document is not None else None,
         reply=reply,
+        transcribed_from=item.transcribed_from.model_dump(by_alias=True) if item.transcribed_from is not None else None,
     )

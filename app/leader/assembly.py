@@ -43,6 +43,7 @@ from topicbus.leader.status import StatusView
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.titles import DEBOUNCE_S, DisplayReconciler
 from topicbus.leader.topics import ControlTopic, TopicCache, TopicEvents, TopicsBeingBound, record_topic_gone
+from topicbus.leader.transcription import Transcriber, TranscriptionOptions
 from topicbus.storage.admission import AdmissionLedger
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.journal import JournalRepository
@@ -77,12 +78,14 @@ class LeaderServices:
     keyboards: Keyboards
     press_answers: PressAnswerLane
     buttons: ButtonPresses
+    transcriber: Transcriber
 
 
 def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
              default_display_mode: DisplayMode | None, stale_after_ms: int, outbound_options: OutboundOptions,
              display_debounce_s: float = DEBOUNCE_S, offline_ttl_s: float = 86_400.0,
-             receipt_reaction: str | None = "👀", cleanup_grace_s: float = 600.0) -> LeaderServices:
+             receipt_reaction: str | None = "👀", cleanup_grace_s: float = 600.0,
+             transcription: TranscriptionOptions = TranscriptionOptions()) -> LeaderServices:
     telegram = TelegramGateway(bot)
     titles = TopicCache(BindingRepository(term.db))
     # Who is registered: the roster keeps it; the keyboards under output ask it whether the process
@@ -132,7 +135,11 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     # A registration's new topic and its binding become routable together: the router holds an
     # update in a topic it does not know until the registrations running now have finished.
     being_bound = TopicsBeingBound()
-    router = Router(term, roster, gateway, notices, outbound, timers=timers, being_bound=being_bound)
+    # Voice notes as text: downloaded through the gateway (no budget spent), transcribed in the
+    # background, released into the binding's delivery (kick) once the transcript is in.
+    transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=roster.hub.kick)
+    router = Router(term, roster, gateway, notices, outbound, timers=timers, being_bound=being_bound,
+                    transcriber=transcriber)
     agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
     buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
@@ -150,7 +157,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,
                           agent_commands=agent_commands, reactions=reactions, keyboards=keyboards,
-                          press_answers=press_answers, buttons=buttons)
+                          press_answers=press_answers, buttons=buttons, transcriber=transcriber)
 
 
 async def open_term(services: LeaderServices, *, replay: bool = True,
@@ -178,6 +185,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
     s.outbound.start()
     s.press_answers.start()
     await s.router.start()
+    await s.transcriber.resume()  # voice notes a crashed term left held: transcribed again
     await s.buttons.resume()
     s.agent_commands.queue.start()
     await s.registrations.restore_roster()
@@ -193,4 +201,5 @@ async def close_term(services: LeaderServices) -> None:
     await services.press_answers.stop()
     await services.roster.close()
     await services.term.close()
+    await services.transcriber.close()
     services.term.revoke()

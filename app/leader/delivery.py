@@ -140,15 +140,17 @@ class DeliveryHub:
             while self._current(binding_key, route):
                 seen = route.wanted
                 page = await self._journal.pending(binding_key, limit=PAGE, after_seq=route.high_water)
+                held = False
                 for item in page:
                     if item.seq <= route.high_water:
                         continue  # sent directly meanwhile
                     if not self._current(binding_key, route):
                         return sent
                     prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
-                    if prepared is HOLD:  # an album still gathering: its seal kicks the route again
+                    if prepared is HOLD:  # an album still gathering, a voice note still transcribed
                         route.caught_up = False
-                        return sent
+                        held = True
+                        break
                     if prepared is None:
                         route.high_water = item.seq
                         continue
@@ -163,6 +165,10 @@ class DeliveryHub:
                         return sent
                     route.high_water = item.seq
                     sent += 1
+                if held:
+                    if route.wanted == seen:
+                        return sent  # its seal (or release) kicks the route again
+                    continue  # kicked while this page was read: the row may have been released since
                 if len(page) < PAGE and route.wanted == seen:
                     route.caught_up = True
                     break

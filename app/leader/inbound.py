@@ -13,7 +13,8 @@ The journal keeps one **canonical item** per owner update (built by ``handlers/t
 
 At delivery, :func:`adapt_for` gives each follower what it advertised it can take (SPEC §9.1):
 
-* ``message`` goes to everyone;
+* ``message`` goes to everyone (a transcribed voice note's ``transcribedFrom`` only to
+  ``transcript-v1`` followers: the others get the transcript as an ordinary message);
 * ``media`` goes as it is to ``media-v1`` followers. Any other follower gets what documents and photos
   always were: a ``message`` whose ``document`` is the first file that can be downloaded (else the
   first file), with the caption and the reply context. The other files of an album do not reach
@@ -70,6 +71,16 @@ def button_item(data: str, message_id: int | None, from_user_id: int | None) -> 
                                       "fromUserId": from_user_id}).model_dump(by_alias=True)
 
 
+def transcript_item(media: Mapping[str, Any], text: str) -> dict[str, Any]:
+    """A voice note (a one-file ``media`` item) once transcribed: a ``message`` whose text is the
+    transcript (cleaned already), with the note's caption, reply context and sender, and the file it
+    was made from (``transcribedFrom``, for ``follow --context``'s file line)."""
+    files = list(media.get("files") or [])
+    return message_item(text=text, caption=media.get("caption"), messageId=media.get("messageId"),
+                        fromUserId=media.get("fromUserId"), fromName=media.get("fromName"), date=media.get("date"),
+                        document=None, reply=media.get("reply"), transcribedFrom=files[0] if files else None)
+
+
 def is_too_large(size: int | None) -> bool:
     return size is not None and size > BOT_DOWNLOAD_LIMIT
 
@@ -83,7 +94,7 @@ def adapt_for(item: Mapping[str, Any], capabilities: Capabilities | Iterable[str
         return None
     if kind == "media" and not caps.may_receive("media"):
         return media_as_message(item)
-    return dict(item) if caps.may_receive(kind) else None
+    return caps.delivery_fields(item) if caps.may_receive(kind) else None
 
 
 def media_as_message(item: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,13 +9,14 @@ Telegram, so a handler can answer from inside the poll loop without waiting on t
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from topicbus.core.budget import Priority
 from topicbus.core.formatting import utf16_len
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import ControlTopic
-from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.db import Authority
+from topicbus.storage.bindings import Binding, BindingRepository
+from topicbus.storage.db import Authority, UnitOfWork
 from topicbus.storage.outbox import OutboxRepository
 from topicbus.storage.runtime_settings import WELCOMED, RuntimeSettingsRepository
 
@@ -68,6 +69,26 @@ class Notices:
             return False
         await self._enqueue(binding_key, binding.chat_id, binding.thread_id, text, authority, fmt)
         return True
+
+    async def post_tx(self, uow: UnitOfWork, binding: Binding, text: str, *, request_id: str,
+                      reply_to: int | None = None) -> bool:
+        """A notice in ``binding``'s live topic inside a caller's unit of work (it commits with what the
+        caller writes), as a reply to the message ``reply_to`` when given; idempotent per
+        ``request_id``. Call :meth:`wake` for the binding once the unit of work committed."""
+        if not binding.has_live_topic:
+            return False
+        payload: dict[str, Any] = {"text": text[:4096]}
+        if reply_to is not None:
+            payload["replyTo"] = reply_to
+        await OutboxRepository.enqueue_tx(uow, binding_key=binding.binding_key, chat_id=binding.chat_id,
+                                          thread_id=binding.thread_id, instance_id=LEADER_INSTANCE,
+                                          request_id=request_id, kind="notice", payload=payload,
+                                          now_ms=self._term.now_ms(), priority=Priority.CONTROL,
+                                          units=utf16_len(text[:4096]))
+        return True
+
+    def wake(self, binding: Binding) -> None:
+        self._wake(binding.chat_id, binding.thread_id)
 
     async def answer(self, text: str, *, fmt: str | None = None) -> None:
         """An answer in the control topic (the leader's own binding)."""

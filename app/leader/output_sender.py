@@ -150,11 +150,14 @@ class OutputSender:
         parts = split(rendered) or [Rendered(raw or " ")]
         result = CallResult(Outcome.OK)
         message_id: int | None = None
+        # A leader notice may answer one message (a voice note's transcript); a notice goes alone.
+        reply_to = payloads.get(head.id, {}).get("replyTo") if head.kind == "notice" else None
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
             result = await self._send_text(key, part, raw, silent=not step.notify or not last,
                                            markup=markup if last else None,
-                                           priority=min(i.priority for i in step.items))
+                                           priority=min(i.priority for i in step.items),
+                                           reply_to=reply_to if index == 0 and isinstance(reply_to, int) else None)
             if result.outcome is not Outcome.OK:
                 break
             message_id = result.value if isinstance(result.value, int) else None
@@ -200,14 +203,17 @@ class OutputSender:
             self._live_keyboards.pop(key, None)
 
     async def _send_text(self, key: TopicKey, message: Rendered, raw: str, *, silent: bool,
-                         markup: Any = None, priority: Priority = Priority.OUTPUT) -> CallResult:
+                         markup: Any = None, priority: Priority = Priority.OUTPUT,
+                         reply_to: int | None = None) -> CallResult:
         chat, thread = key
         result = await self._send(key, True, lambda: self._gateway.send_message(chat, thread, message, silent=silent,
-                                                                            buttons=markup), priority)
+                                                                            buttons=markup, reply_to=reply_to),
+                                  priority)
         if result.outcome is Outcome.REJECTED and message.parse_mode and "parse" in result.message.lower():
             # HTML Telegram cannot parse: the source as plain text, once.
             result = await self._send(key, True, lambda: self._gateway.send_message(chat, thread, as_plain(raw),
-                                                                                silent=silent, buttons=markup),
+                                                                                silent=silent, buttons=markup,
+                                                                                reply_to=reply_to),
                                       priority)
         return result
 

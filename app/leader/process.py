@@ -41,9 +41,11 @@ from topicbus.leader.outbound import OutboundOptions
 from topicbus.leader.provisioning import SlotUnavailable, TopicCreationFailed
 from topicbus.leader.rotation import RotationBlocked
 from topicbus.leader.term import LeaderTerm
+from topicbus.leader.transcription import TranscriptionOptions
 from topicbus.logsetup import EventJournal
 from topicbus.retry import Backoff, sleep_or_stop
 from topicbus.settings import Settings
+from topicbus.speech.client import TranscriptionEndpoint
 from topicbus.storage.admission import AdmissionBlocked
 from topicbus.storage.db import Authority, Database, StorageUnavailable
 from topicbus.storage.lease import LeaseRepository
@@ -175,11 +177,20 @@ class LeaderProcess:
                 "topicbus_route_latency_ms": {"0.5": router.latency.quantile(0.5) or 0,
                                               "0.99": router.latency.quantile(0.99) or 0},
                 "topicbus_display_passes_total": services.display.passes,
+                "topicbus_voice_notes_total": {"transcribed": services.transcriber.stats["transcribed"],
+                                               "file": services.transcriber.stats["fell_back"]},
                 "topicbus_display_edits_total": services.display.edits,
                 **services.outbound.metrics(),
                 "topicbus_press_answers_total": services.press_answers.counts,
             })
         return values
+
+
+def transcription_options(s: Settings) -> TranscriptionOptions:
+    """Voice notes as text, from the environment (no endpoint: they stay files)."""
+    endpoint = None if s.transcribe_url is None else TranscriptionEndpoint(
+        base_url=s.transcribe_url, model=s.transcribe_model, language=s.transcribe_language, key=s.transcribe_key)
+    return TranscriptionOptions(endpoint=endpoint, max_s=s.transcribe_max_s, timeout_s=s.transcribe_timeout_s)
 
 
 class Leadership:
@@ -219,7 +230,8 @@ class Leadership:
                             liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
                             default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms,
                             outbound_options=outbound_options(s), offline_ttl_s=s.offline_ttl_s,
-                            receipt_reaction=s.receipt_reaction, cleanup_grace_s=s.cleanup_grace_s)
+                            receipt_reaction=s.receipt_reaction, cleanup_grace_s=s.cleanup_grace_s,
+                            transcription=transcription_options(s))
         self.services = services
         # Before the term opens: the start-up checks call Telegram directly (no chat budget spent,
         # and the scheduler has not started yet). The command menu is read while the chat is

@@ -44,6 +44,7 @@ from topicbus.leader.outbound import OutboundScheduler, ScheduledGateway
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import TopicsBeingBound
+from topicbus.leader.transcription import TRANSCRIBE, Cause, Transcriber
 from topicbus.core.formatting import utf16_len
 from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES, ErrorCode, ProtocolError, SendRequest
 from topicbus.storage.bindings import BindingRepository
@@ -88,9 +89,11 @@ class RouteResult:
 class Router:
     def __init__(self, term: LeaderTerm, roster: Roster, gateway: ScheduledGateway, notices: Notices,
                  outbound: OutboundScheduler, *, timers: Timers | None = None,
-                 album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None):
+                 album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None,
+                 transcriber: Transcriber | None = None):
         self._term = term
         self._being_bound = being_bound or TopicsBeingBound()
+        self._transcriber = transcriber
         self._timers = timers
         self._album_window_s = album_window_s
         self._edit_noticed: set[tuple[str, str]] = set()  # (binding, generation) told that edits are not taken
@@ -200,8 +203,11 @@ class Router:
 
     async def _journal_and_deliver(self, rows: list[Row], received_at: float | None = None) -> list[JournalItem]:
         authority = self._term.authority()
+        # Voice notes to transcribe are journaled held: delivery stops there until the transcript is in.
+        verdicts = {row[0]: verdict for row in rows if (verdict := self._voice_verdict(row)) is not None}
         async with self._journal_lock:  # appends and their first delivery stay in journal order
-            items = await self.journal.append_many(rows, self._term.now_ms(), authority)
+            items = await self.journal.append_many(rows, self._term.now_ms(), authority,
+                                                   held={u for u, v in verdicts.items() if v == TRANSCRIBE})
             self.stats["routed"] += len(items)
             self.stats["duplicates"] += len(rows) - len(items)
             by_binding: dict[str, list[JournalItem]] = {}
@@ -222,7 +228,19 @@ class Router:
                 await self._seal(key, group_id)
         for item in items:
             await self._tell_owner(item, authority)
+            verdict = verdicts.get(item.update_id)
+            if verdict == TRANSCRIBE and self._transcriber is not None:
+                self._transcriber.begin(item)
+            elif isinstance(verdict, Cause) and self._transcriber is not None:
+                await self._transcriber.tell(item.binding_key, verdict)
         return items
+
+    def _voice_verdict(self, row: Row) -> str | None:
+        """What becomes of a voice note (``leader/transcription``); None for anything else (an album
+        part included)."""
+        if self._transcriber is None or row[3]:
+            return None
+        return self._transcriber.verdict(row[2])
 
     async def route_bound(self, update_id: int, binding_key: str, payload: dict[str, Any], *, for_instance: str,
                           claim: Callable[[UnitOfWork], Awaitable[bool]]) -> JournalItem | None:

@@ -1,5 +1,6 @@
 """End-to-end layer: leader and follower subprocesses (``tests/e2e/harness.py``) against the fake
-Bot API. Fixtures: ``fake`` and ``cluster`` (a ``Cluster`` over that fake and ``tmp_path``)."""
+Bot API. Fixtures: ``fake``, ``cluster`` (a ``Cluster`` over that fake and ``tmp_path``) and
+``transcriber`` (a fake transcription endpoint)."""
 
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 from tests.e2e.harness import Cluster
 from tests.fakebotapi import FakeBotApi
 from tests.support.fake_telegram import fake  # noqa: F401 - the fixture, shared with tests/integration
+from tests.support.fake_transcriber import transcriber  # noqa: F401 - the fixture (voice notes as text)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from topicbus.bot.timers import JobQueueTimers
 from topicbus.core.budget import BudgetConfig
 from topicbus.leader.outbound import OutboundOptions
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
+from topicbus.leader.transcription import TranscriptionOptions
 from topicbus.leader.term import LeaderTerm
 from topicbus.storage.bindings import Binding, BindingRepository
 from topicbus.core.liveness import Liveness
@@ -116,6 +117,7 @@ class LeaderEnv:
         self.offline_ttl_s = 86_400.0
         self.receipt_reaction: str | None = "👀"
         self.cleanup_grace_s = 0.0  # the reference's cases delete at once; grace tests set their own
+        self.transcription = TranscriptionOptions()  # voice notes stay files unless a test sets an endpoint
         self.services: LeaderServices | None = None
         self.term: LeaderTerm | None = None
         self.authority: Authority | None = None
@@ -138,7 +140,8 @@ class LeaderEnv:
                                  default_display_mode=self.display_mode, stale_after_ms=self.stale_after_ms,
                                  display_debounce_s=self.display_debounce_s,
                                  outbound_options=self.outbound_options, offline_ttl_s=self.offline_ttl_s,
-                                 receipt_reaction=self.receipt_reaction, cleanup_grace_s=self.cleanup_grace_s)
+                                 receipt_reaction=self.receipt_reaction, cleanup_grace_s=self.cleanup_grace_s,
+                                 transcription=self.transcription)
 
         async def no_control_topic() -> bool:
             return True

@@ -15,6 +15,7 @@ LEADING = {
     "topicbus_outbound_sent_total": 12, "topicbus_outbound_retry_after_total": 2,
     "topicbus_updates_seen_total": 44, "topicbus_route_latency_ms": {"0.5": 1.25, "0.99": 9.5},
     "topicbus_display_passes_total": 6, "topicbus_display_edits_total": 4,
+    "topicbus_voice_notes_total": {"transcribed": 2, "file": 1},
     "topicbus_budget_used": 13, "topicbus_budget_per_minute": 20, "topicbus_budget_paused_seconds": 0.5,
     "topicbus_outbox_backlog_items": 9, "topicbus_outbox_backlog_chars": 12_000, "topicbus_outbound_edits_total": 3,
     "topicbus_outbound_files_total": 1, "topicbus_output_chars_total": 40_000, "topicbus_messages_per_kb": 0.4,

@@ -1,0 +1,1 @@
+"""The speech adapter: an OpenAI-compatible transcription endpoint, over HTTP (aiohttp)."""
