@@ -142,7 +142,7 @@ async def test_with_context_the_file_line_follows_the_transcript(cluster: Cluste
     message_id = voice(cluster, thread, b"OggS voice", caption="see this")
     text, file_line = (await stdin_lines(cluster, out, 2))[:2]
     assert text == "what the owner said"
-    assert file_line.startswith("[voice ") and file_line.endswith(f"{message_id}-voice.ogg] see this")
+    assert file_line.startswith("[voice ") and file_line.endswith(f"{message_id}-1-voice.ogg] see this")
     saved = Path(file_line[len("[voice "):-len("] see this")])
     assert saved.read_bytes() == b"OggS voice"
 

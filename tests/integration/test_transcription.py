@@ -12,7 +12,7 @@ import pytest
 
 from tests.fakebotapi import DEFAULT_USER_ID
 from tests.integration.leader_env import CHAT, LeaderEnv
-from tests.integration.test_inbound import WAIT, Polled
+from tests.integration.test_inbound import WAIT, Polled, fetched
 from tests.support.fake_transcriber import FakeTranscriber, transcriber  # noqa: F401 - the fixture
 from topicbus.leader.transcription import TranscriptionOptions
 from topicbus.protocol import CAP_TRANSCRIPT, Capabilities, follower_identity
@@ -56,7 +56,7 @@ async def test_a_follower_without_transcript_v1_gets_the_transcript_as_a_plain_m
     assert rich["type"] == "message" and rich["text"] == "for the new one" and rich["messageId"] == new_note
     assert (rich["transcribedFrom"]["kind"], rich["transcribedFrom"]["duration"]) == ("voice", 4)
     # The file a transcript was made from is routed: a follower fetches it as any other.
-    assert await services.router.fetch_document(rich["transcribedFrom"]["fileId"]) == b"OggS new"
+    assert await fetched(services, rich["transcribedFrom"]["fileId"]) == b"OggS new"
 
 
 async def test_drop_while_a_note_is_transcribed_drops_it_and_nothing_is_echoed(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from topicbus.follower.inputs import transcript_text
+from topicbus.follower.inputs import Received, transcript_text
 from topicbus.follower.model import Delivery
 from topicbus.follower.receiving import delivery_of
 from topicbus.leader.inbound import adapt_for, media_item, transcript_item
@@ -86,9 +86,12 @@ def test_follow_types_the_transcript_and_the_file_line_only_with_context():
     delivery = delivery_of(frame)
     assert delivery.text == "what was said" and delivery.transcribed_from is not None
     assert transcript_text(delivery) == "what was said\nsee this"
-    assert transcript_text(delivery, "/w/.topicbus/inbox/812-voice.ogg", context=True) == (
-        "what was said\n[voice /w/.topicbus/inbox/812-voice.ogg] see this")
+    saved = Received("voice", "voice.ogg", path="/w/.topicbus/inbox/812-1-voice.ogg")
+    assert transcript_text(delivery, saved, context=True) == (
+        "what was said\n[voice /w/.topicbus/inbox/812-1-voice.ogg] see this")
     assert transcript_text(delivery, None, context=True) == "what was said\n[voice voice.ogg] see this"
+    failed = Received("voice", "voice.ogg", problem="failed")
+    assert transcript_text(delivery, failed, context=True) == "what was said\n[voice voice.ogg failed] see this"
     plain = Delivery(delivery_id="d-8", text="spoken", caption=None, message_id=1, from_user_id=1, from_name=None,
                      date=None, document=None, transcribed_from={"kind": "audio", "fileName": "a.mp3"})
     assert transcript_text(plain) == "spoken"
