@@ -40,6 +40,7 @@ from loguru import logger
 
 from topicbus.core.clock import Clock
 from topicbus.protocol import ButtonItem, Capabilities, ControlItem, EditItem, MediaItem, message_item
+from topicbus.metadata import clean_metadata
 from topicbus.storage.db import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository
 
@@ -135,7 +136,7 @@ def too_large_files(item: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def too_large_notice(files: list[dict[str, Any]]) -> str:
-    names = ", ".join(f"{FILE_LABELS.get(f.get('kind') or '', 'file')} {f.get('fileName') or ''} "
+    names = ", ".join(f"{FILE_LABELS.get(f.get('kind') or '', 'file')} {clean_metadata(f.get('fileName'), name=True)} "
                       f"({size_text(f.get('fileSize'))})".replace("  ", " ") for f in files)
     return (f"📎 Too large for the agent: {names}. Telegram lets bots download files up to 20 MB, so the "
             "agent is only told that it was sent. Send a smaller file, or a link to it.")
@@ -155,8 +156,8 @@ def preview(item: Mapping[str, Any], limit: int = 60) -> str:
         if len(files) == 1:
             f = files[0]
             head = f"📎 {FILE_LABELS.get(f.get('kind') or '', 'file')}{duration_text(f.get('duration'))}"
-            if f.get("kind") in ("document", "audio") and f.get("fileName"):
-                head += f" {f['fileName']}"
+            if f.get("kind") in ("document", "audio") and clean_metadata(f.get("fileName"), name=True):
+                head += f" {clean_metadata(f.get('fileName'), name=True)}"
         else:
             head = f"📎 album of {len(files)}"
         if any(f.get("tooLarge") for f in files):

@@ -182,6 +182,13 @@ def test_the_too_large_notice_names_the_file_its_size_and_what_to_do():
     assert "video clip.mp4 (31.0 MB)" in text and "20 MB" in text and "smaller file" in text
 
 
+def test_file_names_shown_in_the_topic_are_cleaned_like_those_typed_into_the_agent():
+    hostile = {**file("doc", "document"), "fileName": "huge.iso\n rm -rf ~\n", "fileSize": 25_000_000,
+               "tooLarge": True}
+    for text in (too_large_notice([hostile]), preview(media_item(files=[hostile]))):
+        assert "\n" not in text and "~" not in text and "huge.iso_ rm -rf _" in text
+
+
 def test_the_expiry_sweep_interval_follows_the_ttl_within_bounds():
     assert expiry_interval_s(2_000) == 1.0 and expiry_interval_s(20_000) == 5.0 and expiry_interval_s(86_400_000) == 60.0
 
