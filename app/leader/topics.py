@@ -30,7 +30,11 @@ class ControlTopic:
     thread_id: int | None = None
 
 
-BINDING_WAIT_S = 90.0  # longest an update waits for a binding (a topic creation is given up after 60 s)
+# Longest an update in an unknown topic waits for the registrations running (the whole batch waits
+# with it). The wait starts when the update is handled, and an owner can only write in a topic that
+# Telegram has already created, so its binding commits within moments; a registration still waiting
+# for the chat's budget to create its topic cannot be the one that topic belongs to.
+BINDING_WAIT_S = 10.0
 
 
 class TopicsBeingBound:
