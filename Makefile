@@ -32,8 +32,9 @@ clean:
 soak: $(STAMP)
 	TOPICBUS_SOAK=1 PTB_TIMEDELTA=true $(BIN)/python -m pytest -q tests/soak -p no:cacheprovider
 
-# The adversarial run (tests/chaos, docs/reliability.md): a slow reader, 1,100 idle connections under
-# ulimit -n 1024, a failed delete and restarts, a child that never reads (about 2 minutes); a 20 MB line
-# through follow, and 2 MB under --pty (about 2 minutes more).
+# The adversarial runs (tests/chaos, docs/reliability.md): a slow reader, 1,100 idle connections under
+# ulimit -n 1024, a failed delete and restarts, a child that never reads; a stranger's press storm,
+# hostile file names and short downloads, eight 19 MB downloads, a 20 MB line through follow, topics
+# written in before they are bound, voice notes to a failing endpoint (about 8 minutes in all).
 chaos: $(STAMP)
 	TOPICBUS_CHAOS=1 PTB_TIMEDELTA=true $(BIN)/python -m pytest -q tests/chaos -p no:cacheprovider
