@@ -229,6 +229,8 @@ class FakeBotApi:
         self._last_id: dict[int, int] = {}
         self._files: dict[str, tuple[str, bytes]] = {}
         self._file_cuts: dict[str, int] = {}  # file id -> bytes served before the connection drops
+        self._file_holds: dict[str, asyncio.Event] = {}  # file id -> downloads wait until it is set
+        self.file_requests: list[str] = []  # file ids whose download was asked for, in order
         self._updates: list[JSON] = []
         self._next_update_id = 1
         self._active_poll: _Poll | None = None
@@ -687,6 +689,9 @@ class FakeBotApi:
         file_id = request.match_info["path"].rsplit("/", 1)[-1]
         if file_id not in self._files:
             return web.Response(status=404, text="Not Found")
+        self.file_requests.append(file_id)
+        if (hold := self._file_holds.get(file_id)) is not None:
+            await hold.wait()
         data = self._files[file_id][1]
         data = data[:self._served_bytes.get(file_id, len(data))]
         if (cut := self._file_cuts.get(file_id)) is None:
@@ -698,6 +703,10 @@ class FakeBotApi:
         if request.transport is not None:
             request.transport.abort()
         return response
+
+    def hold_file(self, file_id: str) -> asyncio.Event:
+        """Downloads of this file wait until the returned event is set."""
+        return self._file_holds.setdefault(file_id, asyncio.Event())
 
     def cut_file(self, file_id: str, after_bytes: int) -> None:
         """Downloads of this file announce its whole size but break off after ``after_bytes``."""

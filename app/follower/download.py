@@ -39,7 +39,7 @@ async def checked_chunks(resp: aiohttp.ClientResponse, *, size: int | None,
     (``too_large``), and, when ``size`` (Telegram's ``fileSize``) is known, a body that runs past it
     or ends before it. A transfer that breaks off raises aiohttp's error (the caller wraps it)."""
     if resp.status != 200:
-        raise FollowerDownloadError(f"the leader answered HTTP {resp.status}")
+        raise FollowerDownloadError(f"the leader answered HTTP {resp.status}", status=resp.status)
     if resp.content_length is not None and resp.content_length > max_bytes:
         raise too_large(resp.content_length, max_bytes)
     received = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import mimetypes
 import os
 import re
@@ -16,11 +17,17 @@ from topicbus.follower.model import (Delivery, DeliveryDeclined, Edit, FollowerC
                                      FollowerError)
 from topicbus.metadata import clean_metadata
 from topicbus.protocol import CAP_FORMAT
+from topicbus.retry import Backoff
 
 __all__ = ["INBOX_DIR", "Received", "context_line", "delivery_input", "delivery_text", "edit_text",
            "save_document", "save_files", "save_transcribed", "transcript_text", "typed_name"]
 
 INBOX_DIR = os.path.join(".topicbus", "inbox")
+# A download whose transfer broke off is tried again (the leader may be restarting, or Telegram
+# hiccuped); one the leader refused (an HTTP status) is not. When the leader's connection is gone
+# after a failed try, the delivery is declined instead: the leader delivers it again on return.
+DOWNLOAD_ATTEMPTS = 3
+DOWNLOAD_RETRY_S = 0.5
 _LINE_BREAK = re.compile(r"\r\n|\r")
 _COMPOUND = re.compile(r"\s*(async\s+)?(for|while|if|with|def|class|try|match)\b.*:")
 
@@ -200,15 +207,25 @@ async def _save(client: FollowerClient, file: Mapping[str, Any], delivery: Deliv
     if not on_disk:  # voice notes and video notes come without a name: the kind, and the type's extension
         on_disk = kind + (mimetypes.guess_extension(str(file.get("mimeType") or "")) or "")
     stem = clean_metadata(delivery.message_id or delivery.delivery_id, name=True)
-    try:
-        path = await client.download_to(file_id, os.path.join(inbox, f"{stem}-{part}-{on_disk}"),
-                                        size=size if isinstance(size, int) and size >= 0 else None)
-    except FollowerDownloadError as exc:
-        logger.warning("follow: file {} not saved ({})", file_id, exc)
-        return Received(kind, name, problem="too large" if exc.too_large else "failed")
-    except FollowerClosed:
-        raise DeliveryDeclined("the follower client is closing") from None
-    return Received(kind, name, path=path)
+    backoff = Backoff(initial=DOWNLOAD_RETRY_S, maximum=4 * DOWNLOAD_RETRY_S)
+    for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+        try:
+            path = await client.download_to(file_id, os.path.join(inbox, f"{stem}-{part}-{on_disk}"),
+                                            size=size if isinstance(size, int) and size >= 0 else None)
+        except FollowerDownloadError as exc:
+            final = exc.too_large or exc.status is not None or attempt == DOWNLOAD_ATTEMPTS
+            if not final:  # the transfer broke off: the leader may be restarting, or Telegram hiccuped
+                await asyncio.sleep(backoff.next())
+            if not client.connected:  # the leader went away meanwhile: it delivers the item again
+                raise DeliveryDeclined("the leader went away during a file's download") from None
+            if final:
+                logger.warning("follow: file {} not saved ({})", file_id, exc)
+                return Received(kind, name, problem="too large" if exc.too_large else "failed")
+        except FollowerClosed:
+            raise DeliveryDeclined("the follower client is closing") from None
+        else:
+            return Received(kind, name, path=path)
+    raise AssertionError("unreachable: the last attempt returns")
 
 
 async def _tell_topic(client: FollowerClient, unsaved: list[Received]) -> None:

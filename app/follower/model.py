@@ -112,11 +112,14 @@ class FollowerDownloadError(FollowerError):
     """A file could not be downloaded whole: the leader refused it (HTTP status), the transfer broke
     off or timed out, it ended before or ran past the size Telegram reported, or it could not be
     written. ``too_large`` is True when it is over the download limit (Telegram lets bots download
-    20 MB). Nothing of it is kept: no partial or temporary file is left."""
+    20 MB); ``status`` is the leader's HTTP status when it refused the file (a final answer: asking
+    again gets the same), None when the transfer itself failed. Nothing of it is kept: no partial or
+    temporary file is left."""
 
-    def __init__(self, message: str, *, too_large: bool = False):
+    def __init__(self, message: str, *, too_large: bool = False, status: int | None = None):
         super().__init__(message)
         self.too_large = too_large
+        self.status = status
 
 
 

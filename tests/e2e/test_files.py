@@ -117,3 +117,27 @@ async def test_a_file_name_over_20_mb_never_runs_as_a_command_in_bash(cluster: C
     assert not marker.exists()
     assert list(work.iterdir()) == []  # no Y, no Z, nothing else made by a piece of a name
     await cluster.wait_text(thread, "Too large for the agent")  # the leader's notice, as before
+
+
+async def test_a_file_whose_download_the_leader_s_death_broke_off_arrives_whole_once_from_its_successor(
+        cluster: Cluster):
+    """The leader is SIGKILLed while it streams a file to ``follow``: the broken transfer is not the
+    agent's "failed" file; ``follow`` declines the delivery, and the next leader delivers it again."""
+    work, thread, typed = await recording_follower(cluster, "leader-dies")
+    data = os.urandom(300 * KB)
+    release = cluster.fake.hold_file("doc-held")
+    push_document(cluster, thread, "held.bin", data, file_id="doc-held")
+    await cluster.wait_for(lambda: "doc-held" in cluster.fake.file_requests, timeout=30,
+                           message="follow asked the leader for the file")
+    leader = cluster.procs[0]
+    leader.kill()
+    await leader.wait()
+    release.set()
+    await cluster.start_leader()
+    await cluster.wait_polling()
+    lines = await typed_until_last(cluster, thread, typed)
+    files = [line for line in lines if line.startswith("[document")]
+    assert len(files) == 1, lines
+    assert sha(saved_path(files[0]).read_bytes()) == sha(data)
+    assert lines.index(files[0]) < lines.index("last")
+    assert sorted(p.name for p in (work / ".topicbus" / "inbox").iterdir()) == [saved_path(files[0]).name]
