@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from topicbus.follower.client import ButtonPress, Control, Delivery, DeliveryDeclined, Edit, FollowerClient
-from topicbus.protocol import CAP_BUTTON, CAP_CONTROL
+from topicbus.protocol import CAP_BUTTON, CAP_CONTROL, CAP_SCREEN
 from tests.fakeleader import FakeLeader
 from tests.support.waiting import wait_until
 
@@ -42,6 +42,25 @@ async def test_capabilities_follow_the_callbacks(leader: FakeLeader) -> None:
         await client.wait_registered(timeout=5)
         assert CAP_CONTROL in client.capabilities and CAP_BUTTON in client.capabilities
         assert CAP_CONTROL in leader.follower_capabilities() and CAP_BUTTON in leader.follower_capabilities()
+
+
+async def test_screenshots_are_advertised_only_when_asked_for_and_reach_on_control(leader: FakeLeader) -> None:
+    controls: list[Control] = []
+
+    async def on_control(control: Control) -> None:
+        controls.append(control)
+
+    async with make_client(leader, on_control=on_control) as client:
+        await client.wait_registered(timeout=5)
+        assert CAP_SCREEN not in leader.follower_capabilities()
+    with pytest.raises(ValueError, match="needs on_control"):
+        make_client(leader, screenshots=True)
+    async with make_client(leader, on_control=on_control, screenshots=True) as client:
+        await client.wait_registered(timeout=5)
+        assert CAP_SCREEN in client.capabilities and CAP_SCREEN in leader.follower_capabilities()
+        screen = await leader.control("screen")
+        await wait_until(lambda: screen in receipt_ids(leader), timeout=5, message="the receipt")
+    assert [(c.delivery_id, c.action) for c in controls] == [(screen, "screen")]
 
 
 async def test_controls_and_buttons_reach_their_callbacks_once(leader: FakeLeader) -> None:
