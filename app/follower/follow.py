@@ -163,6 +163,7 @@ async def run_follow(
     inbox = os.path.join(workdir, INBOX_DIR)
     background: set[asyncio.Task] = set()
     stalled = asyncio.Event()
+    screenshot_busy = False  # a /screen picture is being drawn
 
     def in_background(coro, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -228,7 +229,10 @@ async def run_follow(
         elif control.action == "eof":
             child.eof(writer)
         elif control.action == "screen" and renderer is not None:
-            in_background(post_screenshot(renderer), "follow-screenshot")
+            if screenshot_busy:  # the picture being drawn is of this moment too
+                logger.info("follow: a screenshot is being drawn already; not drawing another")
+            else:
+                in_background(post_screenshot(renderer), "follow-screenshot")
 
     client = FollowerClient(
         leader_url=leader_url, secret=secret, on_delivery=on_delivery, on_control=on_control,
@@ -276,11 +280,15 @@ async def run_follow(
 
     async def post_screenshot(renderer: ScreenRenderer) -> None:
         """``/screen``: the screen as it is now (copied at once, drawn in a thread) as a photo."""
+        nonlocal screenshot_busy
+        screenshot_busy = True
         shot = grab(renderer.screen)
         try:
             data = await asyncio.to_thread(render_png, shot)
         except ImportError:  # a follower-only install without Pillow
             data = None
+        finally:
+            screenshot_busy = False
         try:
             if data is None:
                 await send_text("🖥 /screen needs Pillow on the agent's machine (pip install Pillow).", None)

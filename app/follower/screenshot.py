@@ -10,8 +10,9 @@ Two steps, so that the event loop never waits on Pillow:
   swaps them), bold, underline and strike-through; the cursor as a reversed cell when it is shown.
 
 The font is DejaVu Sans Mono (Debian's ``fonts-dejavu-core``, which the image installs) and its
-bold; without it, Pillow's built-in font. Pillow is imported on the first screenshot, so a
-``follow`` that never takes one does not pay for it. A 160×25 screen is 1,280×425 pixels and about
+bold; without it, Pillow's built-in font (Aileron, proportional: each glyph centred in its cell).
+Pillow is imported on the first screenshot, so a ``follow`` that never takes one does not pay for
+it. A 160×25 screen is 1,280×425 pixels and about
 20 KB as a palette PNG (``top``, ``vim``), well inside the bus's 512 KiB for a photo.
 """
 
@@ -27,13 +28,15 @@ from wcwidth import wcwidth
 
 __all__ = ["FONT_DIRS", "ScreenGrab", "cell_colours", "grab", "render_png"]
 
-#: Where Debian's fonts-dejavu-core puts the fonts (first match wins).
-FONT_DIRS = ("/usr/share/fonts/truetype/dejavu",)
+#: Where Debian's fonts-dejavu-core puts the fonts (first match wins; then Fedora's and Arch's places).
+FONT_DIRS = ("/usr/share/fonts/truetype/dejavu", "/usr/share/fonts/dejavu-sans-mono-fonts", "/usr/share/fonts/TTF")
 FONT_FILE = "DejaVuSansMono.ttf"
 BOLD_FONT_FILE = "DejaVuSansMono-Bold.ttf"
 FONT_SIZE = 13  # DejaVu Sans Mono at 13 px: 8×17 px cells, so 160 columns are 1,280 px (Telegram's photo width)
 CELL_WIDTH = 8  # the font's advance is 7.83 px
 CELL_HEIGHT = 17  # its ascent and descent: box-drawing lines meet from row to row
+BUILT_IN_CELL_WIDTH = 9  # Pillow's built-in font is proportional: most of its glyphs are 3-9 px wide
+GLYPH_MARGIN = 2  # a glyph may reach this far into its neighbours (box-drawing lines, a wide M)
 
 DEFAULT_FG = "d3d7cf"
 DEFAULT_BG = "1c1c1c"
@@ -107,10 +110,9 @@ def _fonts() -> _Fonts:
             bold = ImageFont.truetype(bold_path, FONT_SIZE) if os.path.exists(bold_path) else None
             ascent, descent = regular.getmetrics()
             return _Fonts(regular, bold, CELL_WIDTH, max(CELL_HEIGHT, ascent + descent), ascent)
-    fallback = ImageFont.load_default()
-    left, top, right, bottom = fallback.getbbox("M")
-    height = max(CELL_HEIGHT, bottom + 3)
-    return _Fonts(fallback, None, max(CELL_WIDTH, right - left + 2), height, bottom)
+    fallback = ImageFont.load_default(size=FONT_SIZE)
+    ascent, descent = fallback.getmetrics()
+    return _Fonts(fallback, None, BUILT_IN_CELL_WIDTH, max(CELL_HEIGHT, ascent + descent), ascent)
 
 
 @lru_cache(maxsize=1024)
@@ -120,9 +122,9 @@ def _glyph(char: str, bold: bool, span: int) -> Any:
 
     fonts = _fonts()
     font = fonts.bold if bold and fonts.bold is not None else fonts.regular
-    mask = Image.new("L", (span * fonts.width, fonts.height), 0)
+    mask = Image.new("L", (span * fonts.width + 2 * GLYPH_MARGIN, fonts.height), 0)
     draw = ImageDraw.Draw(mask)
-    centre = span * fonts.width / 2
+    centre = GLYPH_MARGIN + span * fonts.width / 2
     draw.text((centre, 0), char, font=font, fill=255, anchor="ma")
     if bold and fonts.bold is None:  # no bold face: the glyph twice, one pixel apart
         draw.text((centre + 1, 0), char, font=font, fill=255, anchor="ma")
@@ -156,7 +158,8 @@ def render_png(shot: ScreenGrab) -> bytes:
             span = 2 if char and wcwidth(char[0]) == 2 else 1
             if char and not char.isspace():
                 mask = _glyph(char, bool(cell.bold), span)
-                image.paste(fg, (x * cw, top, x * cw + mask.width, top + ch), mask)
+                left = x * cw - GLYPH_MARGIN
+                image.paste(fg, (left, top, left + mask.width, top + ch), mask)
             if cell.underscore:
                 draw.line((x * cw, top + fonts.ascent + 1, (x + span) * cw - 1, top + fonts.ascent + 1), fill=fg)
             if cell.strikethrough:

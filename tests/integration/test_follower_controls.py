@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from topicbus.follower.client import ButtonPress, Control, Delivery, DeliveryDeclined, Edit, FollowerClient
-from topicbus.protocol import CAP_BUTTON, CAP_CONTROL, CAP_SCREEN
+from topicbus.protocol import CAP_BUTTON, CAP_CONTROL
 from tests.fakeleader import FakeLeader
 from tests.support.waiting import wait_until
 
@@ -45,6 +45,7 @@ async def test_capabilities_follow_the_callbacks(leader: FakeLeader) -> None:
 
 
 async def test_screenshots_are_advertised_only_when_asked_for_and_reach_on_control(leader: FakeLeader) -> None:
+    CAP_SCREEN = "screen-v1"  # noqa: N806 - the wire name, as an older client would see it
     controls: list[Control] = []
 
     async def on_control(control: Control) -> None:
