@@ -11,6 +11,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# DejaVu Sans Mono for follow --pty's /screen pictures (without it Pillow's built-in font is used).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends fonts-dejavu-core \
+    && rm -rf /var/lib/apt/lists/*
+
 # Install the package from source. The migrations ship inside it as package data, so nothing
 # from the source tree is needed at run time.
 WORKDIR /build

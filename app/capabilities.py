@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = [
     "CAP_BUTTON", "CAP_BUTTONS", "CAP_CONTROL", "CAP_DELIVER", "CAP_DISPLAY_TITLE", "CAP_EDIT", "CAP_FORMAT",
-    "CAP_MEDIA", "CAP_PHOTO", "CAP_SEND", "CAP_TRANSCRIPT", "DELIVERY_FIELD_CAPABILITIES", "SEND_TYPE_CAPABILITIES", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES", "LEADER_CAPABILITIES", "LEADER_V1_CAPABILITIES",
+    "CAP_MEDIA", "CAP_PHOTO", "CAP_SCREEN", "CAP_SEND", "CAP_TRANSCRIPT", "CONTROL_ACTION_CAPABILITIES", "DELIVERY_FIELD_CAPABILITIES", "SEND_TYPE_CAPABILITIES", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES", "LEADER_CAPABILITIES", "LEADER_V1_CAPABILITIES",
     "MESSAGE_ITEM", "REQUIRED_FOLLOWER_CAPABILITIES", "SEND_BASE_FIELDS", "SEND_FIELD_CAPABILITIES",
     "UNSUPPORTED_BY_LEADER", "Capabilities", "may_deliver",
 ]
@@ -22,6 +22,7 @@ __all__ = [
 CAP_DELIVER = "deliver-v1"  # follower: acknowledges leader.deliver (required)
 CAP_DISPLAY_TITLE = "display-title-v1"  # follower: takes title changes from acks (display modes)
 CAP_CONTROL = "control-v1"  # follower: receives `control` deliveries
+CAP_SCREEN = "screen-v1"  # follower: takes `control` deliveries with action `screen` (sends its screen as a photo)
 CAP_BUTTON = "button-v1"  # follower: receives `button` deliveries
 CAP_EDIT = "edit-v1"  # follower: receives `edit` deliveries
 CAP_MEDIA = "media-v1"  # follower: receives `media` deliveries
@@ -35,6 +36,9 @@ MESSAGE_ITEM = "message"  # the delivery type every follower receives
 DELIVERY_CAPABILITIES: Mapping[str, str] = {
     "control": CAP_CONTROL, "button": CAP_BUTTON, "edit": CAP_EDIT, "media": CAP_MEDIA,
 }
+#: ``control`` actions beyond version 1's (interrupt, kill, eof), each with the capability a follower
+#: advertises to take it (besides control-v1).
+CONTROL_ACTION_CAPABILITIES: Mapping[str, str] = {"screen": CAP_SCREEN}
 #: Delivery item fields beyond version 1's, each with the capability a follower advertises to get it.
 DELIVERY_FIELD_CAPABILITIES: Mapping[str, str] = {"transcribedFrom": CAP_TRANSCRIPT}
 SEND_BASE_FIELDS: Mapping[str, frozenset[str]] = {  # what every version 1 leader honours
@@ -88,6 +92,14 @@ class Capabilities:
         needed = DELIVERY_CAPABILITIES.get(item_type)
         return needed is not None and needed in self.names
 
+    def may_receive_control(self, action: str) -> bool:
+        """Leader's question: may a ``control`` item with ``action`` go to this follower? Version 1's
+        actions with control-v1; any other only with its own capability as well."""
+        if CAP_CONTROL not in self.names:
+            return False
+        needed = CONTROL_ACTION_CAPABILITIES.get(action)
+        return needed is None or needed in self.names
+
     def delivery_fields(self, item: Mapping[str, Any]) -> dict[str, Any]:
         """Leader's question: ``item`` without the fields this follower did not advertise it takes
         (``transcribedFrom`` only with transcript-v1)."""
@@ -120,6 +132,12 @@ class Capabilities:
 
 
 def may_deliver(item: Mapping[str, Any], follower_capabilities: Capabilities | Iterable[str]) -> bool:
-    """Leader side, before sending a delivery ``item``: did its follower advertise the item's type?"""
+    """Leader side, before sending a delivery ``item``: did its follower advertise the item's type
+    (and, for a ``control``, its action)?"""
     item_type = item.get("type")
-    return isinstance(item_type, str) and Capabilities.of(follower_capabilities).may_receive(item_type)
+    if not isinstance(item_type, str):
+        return False
+    capabilities = Capabilities.of(follower_capabilities)
+    if item_type == "control":
+        return capabilities.may_receive_control(str(item.get("action")))
+    return capabilities.may_receive(item_type)

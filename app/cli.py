@@ -47,7 +47,8 @@ A secret file CMD's user can read, CMD can read: --secret-fd takes the secret fr
 supervisor opened instead.
 
 In the topic: /interrupt (Ctrl-C), /kill (SIGTERM, then SIGKILL after 5 s), /eof (end of input),
-//text (types /text). Here: Ctrl-C goes to CMD; a second Ctrl-C within 2 s stops CMD and follow.
+/screen (with --pty: the screen as a picture), //text (types /text). Here: Ctrl-C goes to CMD; a
+second Ctrl-C within 2 s stops CMD and follow.
 When CMD exits, its output is handed over, "⏹ exited with code N" is posted, and follow exits
 with CMD's code."""
 

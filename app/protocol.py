@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from topicbus.capabilities import (  # noqa: F401 - re-exported: the protocol is defined in one place
     CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT, CAP_FORMAT, CAP_MEDIA, CAP_PHOTO,
-    CAP_SEND, CAP_TRANSCRIPT, DELIVERY_CAPABILITIES, DELIVERY_FIELD_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES,
+    CAP_SCREEN, CAP_SEND, CAP_TRANSCRIPT, CONTROL_ACTION_CAPABILITIES, DELIVERY_CAPABILITIES, DELIVERY_FIELD_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES,
     LEADER_CAPABILITIES, LEADER_V1_CAPABILITIES, MESSAGE_ITEM,
     REQUIRED_FOLLOWER_CAPABILITIES, SEND_BASE_FIELDS, SEND_FIELD_CAPABILITIES, SEND_TYPE_CAPABILITIES,
     UNSUPPORTED_BY_LEADER, Capabilities, may_deliver,
@@ -343,10 +343,11 @@ class EditItem(_Strict):
 
 class ControlItem(_Strict):
     """Delivery type ``control`` (control-v1): a reserved command for this follower generation only
-    (``/interrupt``, ``/kill``, ``/eof``, or the Interrupt button); never redelivered to a successor."""
+    (``/interrupt``, ``/kill``, ``/eof``, or the Interrupt button; ``/screen`` only with screen-v1);
+    never redelivered to a successor."""
 
     type: Literal["control"]
-    action: Literal["interrupt", "kill", "eof"]
+    action: Literal["interrupt", "kill", "eof", "screen"]
     message_id: int | None = Field(default=None, alias="messageId")
 
 

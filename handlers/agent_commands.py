@@ -1,4 +1,4 @@
-"""Reserved commands in agent topics: /interrupt, /kill, /eof, /queue, /drop (owners only).
+"""Reserved commands in agent topics: /interrupt, /kill, /eof, /screen, /queue, /drop (owners only).
 
 PTB's ``CommandHandler`` does the matching: the command must open the message (Telegram's
 ``bot_command`` entity at offset 0), with no ``@`` or this bot's ``@username``; ``/kill@otherbot``

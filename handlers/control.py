@@ -41,8 +41,9 @@ def help_text(grace_s: float) -> str:
         "/mode names|letters|directory-snake|directory-title — how topic titles are shown\n"
         "/forget <slot> — an agent is gone but still counted: end it like one that exited\n"
         "/help — this text\n"
-        "In an agent's topic, /interrupt (Ctrl-C), /kill, /eof (end of input), /queue and /drop act on the "
-        "agent; everything else goes to it, and //text sends the literal /text.\n\n" + deletion_rules(grace_s)
+        "In an agent's topic, /interrupt (Ctrl-C), /kill, /eof (end of input), /screen (a picture of its "
+        "terminal), /queue and /drop act on the agent; everything else goes to it, and //text sends the "
+        "literal /text.\n\n" + deletion_rules(grace_s)
     )
 
 

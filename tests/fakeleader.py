@@ -179,7 +179,7 @@ class FakeLeader:
         return delivery_id
 
     async def control(self, action: str, *, delivery_id: str | None = None) -> str:
-        """Push a ``control`` delivery (``interrupt``, ``kill``, ``eof``) to the current follower."""
+        """Push a ``control`` delivery (``interrupt``, ``kill``, ``eof``, ``screen``) to the current follower."""
         item = ControlItem.model_validate({"type": "control", "action": action, "messageId": 18})
         return await self._push_item(item.model_dump(by_alias=True), delivery_id)
 

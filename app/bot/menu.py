@@ -23,6 +23,7 @@ AGENT_COMMANDS: tuple[tuple[str, str], ...] = (
     ("interrupt", "Agent topic: interrupt the agent (like Ctrl-C)"),
     ("kill", "Agent topic: end the agent's process"),
     ("eof", "Agent topic: close the agent's input (like Ctrl-D)"),
+    ("screen", "Agent topic: a picture of the agent's terminal (follow --pty)"),
     ("queue", "Agent topic: list messages waiting for an offline agent"),
     ("drop", "Agent topic: discard messages waiting for an offline agent"),
 )

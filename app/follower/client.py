@@ -24,7 +24,7 @@ protocol). The secret is never logged.
 Deliveries: ``message`` items go to ``on_delivery`` (with ``media=True`` also ``media`` items,
 media-v1: voice, audio, video, albums as one delivery with all their files); ``edit`` items (edit-v1)
 to ``on_edit``; ``control`` items (control-v1: ``/interrupt``,
-``/kill``, ``/eof``) to ``on_control`` and ``button`` items (button-v1: an owner pressed one of this
+``/kill``, ``/eof``; and ``/screen`` with ``screenshots=True``, screen-v1) to ``on_control`` and ``button`` items (button-v1: an owner pressed one of this
 follower's inline buttons) to ``on_button``. The client advertises ``control-v1`` / ``button-v1`` /
 ``edit-v1`` only when the matching callback is given, and ``media-v1`` (with ``transcript-v1``: a
 transcribed voice note's ``Delivery.transcribed_from``) only with ``media=True``. Controls run on their own worker, so an ``/interrupt``
@@ -79,6 +79,7 @@ from topicbus.follower.model import (
     split_text,
 )
 from topicbus.protocol import (
+    CAP_SCREEN,
     CAP_TRANSCRIPT,
     FILES_PATH,
     MAX_DOCUMENT_BYTES,
@@ -147,6 +148,7 @@ class FollowerClient(BusConnection):
         on_button: Callable[[ButtonPress], Awaitable[None]] | None = None,
         on_edit: Callable[[Edit], Awaitable[None]] | None = None,
         media: bool = False,
+        screenshots: bool = False,
         cwd: str | None = None,
         session_id: str | None = None,
         name: str | None = None,
@@ -175,6 +177,10 @@ class FollowerClient(BusConnection):
         capabilities = Capabilities.for_follower(receives)
         if media:  # a transcribed voice note names its file (transcript-v1), as media items do
             capabilities = Capabilities(capabilities.names | {CAP_TRANSCRIPT})
+        if screenshots:  # on_control also takes ``screen`` (screen-v1): the owner's /screen
+            if on_control is None:
+                raise ValueError("screenshots=True needs on_control: /screen arrives as a control")
+            capabilities = Capabilities(capabilities.names | {CAP_SCREEN})
         super().__init__(
             leader_url=leader_url, secret=secret, capabilities=capabilities, cwd=cwd,
             session_id=session_id, name=name, thread_name=thread_name,

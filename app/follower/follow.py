@@ -10,7 +10,9 @@ yes/no prompts), :mod:`~topicbus.follower.capture` (reading and posting); this m
   closed, the child gone, or not read for ``stdin_timeout_s``) stays unacknowledged, so the leader
   keeps it for the next follower of the workspace.
 * ``control`` deliveries: ``interrupt`` (SIGINT to the child's process group; Ctrl-C on its pty),
-  ``kill`` (SIGTERM, then SIGKILL after 5 s), ``eof`` (stdin closed; the EOF character on a pty).
+  ``kill`` (SIGTERM, then SIGKILL after 5 s), ``eof`` (stdin closed; the EOF character on a pty),
+  and with ``--pty`` ``screen`` (``/screen``: the terminal's screen posted as a PNG,
+  :mod:`~topicbus.follower.screenshot`; follow advertises ``screen-v1`` only with ``--pty``).
   ``button`` deliveries type their data as a line (the Yes/No buttons of a prompt).
 * Host signals: the first SIGINT goes to the child; a second within 2 s ends follow the way SIGTERM
   does: the child gets SIGTERM, then SIGKILL after 5 s, and follow hands its output over and exits.
@@ -53,8 +55,9 @@ from topicbus.follower.model import (
     split_text,
 )
 from topicbus.follower.output import MAX_PENDING_BYTES, OutputBatcher, dropped_marker, yes_no_buttons
+from topicbus.follower.screenshot import grab, render_png
 from topicbus.follower.terminal import ScreenRenderer
-from topicbus.protocol import CAP_BUTTONS, CAP_FORMAT
+from topicbus.protocol import CAP_BUTTONS, CAP_FORMAT, CAP_PHOTO, MAX_DOCUMENT_BYTES
 
 __all__ = [
     "EXIT_REFUSED",
@@ -160,6 +163,7 @@ async def run_follow(
     inbox = os.path.join(workdir, INBOX_DIR)
     background: set[asyncio.Task] = set()
     stalled = asyncio.Event()
+    screenshot_busy = False  # a /screen picture is being drawn
 
     def in_background(coro, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -224,10 +228,15 @@ async def run_follow(
             in_background(child.terminate(), "follow-kill")
         elif control.action == "eof":
             child.eof(writer)
+        elif control.action == "screen" and renderer is not None:
+            if screenshot_busy:  # the picture being drawn is of this moment too
+                logger.info("follow: a screenshot is being drawn already; not drawing another")
+            else:
+                in_background(post_screenshot(renderer), "follow-screenshot")
 
     client = FollowerClient(
         leader_url=leader_url, secret=secret, on_delivery=on_delivery, on_control=on_control,
-        on_button=on_button, on_edit=on_edit if context else None, media=True, cwd=workdir, session_id=session, name=name, pid=child.pid,
+        on_button=on_button, on_edit=on_edit if context else None, media=True, screenshots=pty, cwd=workdir, session_id=session, name=name, pid=child.pid,
         heartbeat_interval_s=heartbeat_interval_s, ca_file=ca_file,
         # A reachable leader whose outbox for this agent is full is backpressure, never a reason to
         # drop output: a send waits until the outbox has room (the capture stops reading meanwhile).
@@ -268,6 +277,30 @@ async def run_follow(
             await client.send_message(message)
         except FollowerSendError as exc:
             logger.error("follow: the leader refused a batch of output ({})", exc.code)
+
+    async def post_screenshot(renderer: ScreenRenderer) -> None:
+        """``/screen``: the screen as it is now (copied at once, drawn in a thread) as a photo."""
+        nonlocal screenshot_busy
+        screenshot_busy = True
+        shot = grab(renderer.screen)
+        try:
+            data = await asyncio.to_thread(render_png, shot)
+        except ImportError:  # a follower-only install without Pillow
+            data = None
+        finally:
+            screenshot_busy = False
+        try:
+            if data is None:
+                await send_text("🖥 /screen needs Pillow on the agent's machine (pip install Pillow).", None)
+            elif len(data) > MAX_DOCUMENT_BYTES:
+                await send_text(f"🖥 The screen's picture is {len(data) // 1024} KiB, more than the "
+                                f"{MAX_DOCUMENT_BYTES // 1024} KiB the bus carries; try a smaller --pty-size.", None)
+            elif CAP_PHOTO in client.leader_capabilities:
+                await client.send_photo("screen.png", data)
+            else:  # an older leader: the same picture as a file
+                await client.send_document("screen.png", data)
+        except FollowerSendError as exc:
+            logger.error("follow: the leader refused the screenshot ({})", exc.code)
 
     async def hand_off(returncode: int) -> None:
         await poster

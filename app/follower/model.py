@@ -126,7 +126,8 @@ class FollowerDownloadError(FollowerError):
 @dataclass(frozen=True)
 class Control:
     """One ``control`` delivery (control-v1): an owner's ``/interrupt``, ``/kill`` or ``/eof`` for this
-    follower generation (``action`` is ``"interrupt"``, ``"kill"`` or ``"eof"``)."""
+    follower generation (``action`` is ``"interrupt"``, ``"kill"`` or ``"eof"``; ``"screen"`` for
+    ``/screen``, only to a client created with ``screenshots=True``)."""
 
     delivery_id: str
     action: str

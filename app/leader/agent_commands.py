@@ -1,9 +1,9 @@
 """Reserved commands in agent topics (SPEC §9.1) and the offline queue they look at.
 
-Only ``/interrupt``, ``/kill``, ``/eof``, ``/queue`` and ``/drop`` are intercepted, with or without
-``@thisbot`` (:func:`parse_reserved`); everything else reaches the agent (``handlers/topic_messages``).
+Only ``/interrupt``, ``/kill``, ``/eof``, ``/screen``, ``/queue`` and ``/drop`` are intercepted, with or
+without ``@thisbot`` (:func:`parse_reserved`); everything else reaches the agent (``handlers/topic_messages``).
 
-**Controls** (``/interrupt``, ``/kill``, ``/eof``, and the Interrupt button through
+**Controls** (``/interrupt``, ``/kill``, ``/eof``, ``/screen``, and the Interrupt button through
 :meth:`AgentCommands.send_control`) are ``control`` deliveries bound to one follower generation:
 
 * never journaled: sent at once to the generation that is live, or not at all;
@@ -11,9 +11,9 @@ Only ``/interrupt``, ``/kill``, ``/eof``, ``/queue`` and ``/drop`` are intercept
   update after the leader was down), nor one typed before the live follower registered (it was
   meant for an earlier process: after a leader crash the same update is fetched again, and a
   successor must not get the ``/kill`` of its predecessor);
-* when it is not sent (agent offline, no ``control-v1``, too old, meant for an earlier process),
-  the topic is told why. Each one has its own delivery id (``c-…``); the follower's receipt
-  changes nothing on the leader.
+* when it is not sent (agent offline, no ``control-v1``, too old, meant for an earlier process;
+  for ``/screen`` no ``screen-v1``: the agent does not run on a terminal), the topic is told why.
+  Each one has its own delivery id (``c-…``); the follower's receipt changes nothing on the leader.
 
 **The offline queue** (:class:`OfflineQueue`): ``/queue`` counts every journal row that waits for
 the agent (an album still gathering once) and lists the oldest, ``/drop`` settles them as
@@ -35,11 +35,11 @@ from topicbus.leader.notices import Notices
 from topicbus.leader.roster import Roster
 from topicbus.leader.routing import Router
 from topicbus.leader.term import LeaderTerm
-from topicbus.protocol import CAP_CONTROL
+from topicbus.protocol import CAP_CONTROL, CAP_SCREEN
 from topicbus.storage.db import AuthorityLost
 from topicbus.storage.journal import JournalItem, JournalRepository
 
-CONTROL_ACTIONS = ("interrupt", "kill", "eof")
+CONTROL_ACTIONS = ("interrupt", "kill", "eof", "screen")
 RESERVED_COMMANDS = (*CONTROL_ACTIONS, "queue", "drop")
 CONTROL_TTL_MS = 60_000  # a control typed longer ago than this is never sent
 CLOCK_SLACK_MS = 2_000  # Telegram dates are whole seconds, and its clock is not ours
@@ -237,7 +237,7 @@ class AgentCommands:
     async def send_control(self, binding_key: str, action: str, *, message_id: int | None = None,
                            typed_at_ms: int | None = None, generation: str | None = None,
                            origin: str | None = None, notify: bool = True) -> ControlOutcome:
-        """Send ``action`` (interrupt, kill, eof) to the follower generation live now, or explain
+        """Send ``action`` (interrupt, kill, eof, screen) to the follower generation live now, or explain
         why not (in the topic when ``notify``; a button answers its callback query instead).
         ``typed_at_ms``: when the owner asked (a message's date); older than :data:`CONTROL_TTL_MS`,
         or before the live follower registered, and it is not sent. ``generation``: send only if
@@ -270,6 +270,9 @@ class AgentCommands:
         if CAP_CONTROL not in record.capabilities:
             return ControlOutcome(False, "unsupported", f"{command} was not sent: this agent's follower does not take "
                                   "commands (it is an older version, or its program does not handle them).")
+        if action == "screen" and CAP_SCREEN not in record.capabilities:
+            return ControlOutcome(False, "unsupported", "🖥 /screen has no screen to show: this agent does not run on a "
+                                  "terminal. Only an agent started with topicbus follow --pty can send a picture of it.")
         if (generation is not None and generation != record.registration_generation) or (
                 typed_at_ms is not None and record.connected_at_ms > typed_at_ms + CLOCK_SLACK_MS):
             return ControlOutcome(False, "earlier-process", f"{command} was not sent: the agent registered after you "

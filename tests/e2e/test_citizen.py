@@ -38,7 +38,7 @@ async def test_command_menu_is_set_at_the_first_start_and_not_again_at_a_restart
     menu = cluster.fake.commands_for(CHAT_SCOPE)
     assert [c["command"] for c in menu] == [c for c, _ in COMMAND_MENU]
     assert {"status", "cleanup", "mode", "forget", "help"} == {c for c, _ in CONTROL_COMMANDS}
-    assert {"interrupt", "kill", "eof", "queue", "drop"} == {c for c, _ in AGENT_COMMANDS}
+    assert {"interrupt", "kill", "eof", "screen", "queue", "drop"} == {c for c, _ in AGENT_COMMANDS}
     assert cluster.fake.commands == []  # the chat's menu only, not every chat the bot is in
     assert len(cluster.fake.calls_to("setMyCommands")) == 1
 

@@ -44,6 +44,26 @@ async def test_capabilities_follow_the_callbacks(leader: FakeLeader) -> None:
         assert CAP_CONTROL in leader.follower_capabilities() and CAP_BUTTON in leader.follower_capabilities()
 
 
+async def test_screenshots_are_advertised_only_when_asked_for_and_reach_on_control(leader: FakeLeader) -> None:
+    CAP_SCREEN = "screen-v1"  # noqa: N806 - the wire name, as an older client would see it
+    controls: list[Control] = []
+
+    async def on_control(control: Control) -> None:
+        controls.append(control)
+
+    async with make_client(leader, on_control=on_control) as client:
+        await client.wait_registered(timeout=5)
+        assert CAP_SCREEN not in leader.follower_capabilities()
+    with pytest.raises(ValueError, match="needs on_control"):
+        make_client(leader, screenshots=True)
+    async with make_client(leader, on_control=on_control, screenshots=True) as client:
+        await client.wait_registered(timeout=5)
+        assert CAP_SCREEN in client.capabilities and CAP_SCREEN in leader.follower_capabilities()
+        screen = await leader.control("screen")
+        await wait_until(lambda: screen in receipt_ids(leader), timeout=5, message="the receipt")
+    assert [(c.delivery_id, c.action) for c in controls] == [(screen, "screen")]
+
+
 async def test_controls_and_buttons_reach_their_callbacks_once(leader: FakeLeader) -> None:
     controls: list[Control] = []
     presses: list[ButtonPress] = []

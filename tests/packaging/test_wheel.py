@@ -36,7 +36,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 # The follower side's own dependencies, documented in README.md ("Follower-only machines").
-FOLLOWER_DEPS = ("aiohttp", "loguru", "pydantic-settings", "pyte")
+FOLLOWER_DEPS = ("aiohttp", "loguru", "pydantic-settings", "pyte", "Pillow")
 LEADER_STACK = ("telegram", "aiosqlite", "apscheduler")
 
 # What a user's project might contain at top level: the names the old wheel used to claim.

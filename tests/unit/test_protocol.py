@@ -454,6 +454,21 @@ def test_may_deliver_on_the_leader_side() -> None:
     assert not may_deliver({"type": 5}, old_follower)
 
 
+def test_a_screen_control_goes_only_to_a_follower_that_takes_screenshots() -> None:
+    from topicbus.protocol import CAP_SCREEN, CONTROL_ACTION_CAPABILITIES
+
+    assert dict(CONTROL_ACTION_CAPABILITIES) == {"screen": CAP_SCREEN} and CAP_SCREEN == "screen-v1"
+    screen = {"type": "control", "action": "screen"}
+    assert not may_deliver(screen, Capabilities.of([CAP_DELIVER, CAP_CONTROL]))  # follow without --pty, an SDK client
+    assert not may_deliver(screen, Capabilities.of([CAP_DELIVER, CAP_SCREEN]))  # controls need control-v1 too
+    assert may_deliver(screen, Capabilities.of([CAP_DELIVER, CAP_CONTROL, CAP_SCREEN]))  # follow --pty
+    for action in ("interrupt", "kill", "eof"):  # version 1's actions need nothing more
+        assert may_deliver({"type": "control", "action": action}, Capabilities.of([CAP_CONTROL]))
+    # A follower that advertised it decodes the item (an older one never receives it).
+    frame = decode_leader_frame(encode(deliver_frame("c-u1", "i", "g", screen)))
+    assert frame.item.action == "screen"
+
+
 def test_send_fields() -> None:
     v1 = Capabilities.of(LEADER_V1_CAPABILITIES)
     assert v1.accepts_send_field("text", "text") and v1.accepts_send_field("action", "chatAction")
