@@ -37,8 +37,10 @@ class OutputCapture:
 
     def __init__(self, child: Child, batcher: OutputBatcher, *, renderer: ScreenRenderer | None = None,
                  quiet_s: float = 0.25, redraw_quiet_s: float = 2.0,
-                 leader_reachable: Callable[[], bool] = lambda: False, hold_bytes: int = HOLD_BYTES):
+                 leader_reachable: Callable[[], bool] = lambda: False, hold_bytes: int = HOLD_BYTES,
+                 live_tails: Callable[[], bool] = lambda: False):
         self._child = child
+        self._live_tails = live_tails  # the leader shows a line being redrawn as its live message's tail
         self._leader_reachable = leader_reachable
         self._hold_bytes = hold_bytes
         self.held = False
@@ -113,7 +115,7 @@ class OutputCapture:
 
     def expect_echo(self, text: str) -> None:
         if self.renderer is not None:
-            self.renderer.expect_echo(text)
+            self.renderer.expect_echo(text, self._loop.time())
 
     async def drain_after_exit(self, cap_s: float = 2.0) -> None:
         """The child has exited: take what is still readable, until the descriptors close, nothing
@@ -172,6 +174,8 @@ class OutputCapture:
         times = [self.batcher.deadline()]
         if self.renderer is not None:
             times.append(self.renderer.next_due(self.last_output_at))
+            if self.renderer.live_progress:
+                times.append(self.renderer.progress_due(self._loop.time()))
         else:
             for cleaner in self._cleaners.values():
                 if cleaner.has_partial:
@@ -180,21 +184,42 @@ class OutputCapture:
         due = [t for t in times if t is not None and t > self._loop.time()]
         return min(due) if due else None
 
-    async def post_loop(self, post: Callable[[str, bool], Awaitable[None]]) -> None:
+    async def post_loop(self, post: Callable[[str, bool], Awaitable[None]],
+                        post_tail: Callable[[str], Awaitable[None]] | None = None) -> None:
         """Post batches with ``post(text, last)`` (``last``: nothing else is pending, the output
-        paused there) until :meth:`finish` was called and everything is posted."""
+        paused there) until :meth:`finish` was called and everything is posted. Under a pty, with
+        ``post_tail`` and a leader that shows tails, a line being redrawn (a progress bar) is posted
+        with ``post_tail(state)`` as it goes, after the output before it."""
         watcher = asyncio.create_task(self._watch_hold(), name="follow-backpressure")
         try:
-            await self._post_all(post)
+            await self._post_all(post, post_tail)
         finally:
             watcher.cancel()
 
-    async def _post_all(self, post: Callable[[str, bool], Awaitable[None]]) -> None:
+    async def _post_progress(self, now: float, post: Callable[[str, bool], Awaitable[None]],
+                             post_tail: Callable[[str], Awaitable[None]]) -> bool:
+        """Post the state of a line being redrawn, if one is due (output before it goes first)."""
+        if self.renderer is None or not self.renderer.live_progress:
+            return False
+        state = self.renderer.take_progress(now)
+        if not state:
+            return False
+        while self.batcher.has_pending:
+            await post(self.batcher.take() or "", False)
+        await post_tail(state)
+        return True
+
+    async def _post_all(self, post: Callable[[str, bool], Awaitable[None]],
+                        post_tail: Callable[[str], Awaitable[None]] | None) -> None:
         while True:
             self._wake.clear()
             now = self._loop.time()
+            if self.renderer is not None:
+                self.renderer.live_progress = post_tail is not None and self._live_tails()
             if not self._ended:
                 self._take_partials(now)
+                if post_tail is not None and await self._post_progress(now, post, post_tail):
+                    continue
             if self.batcher.ready(now) or (self._ended and self.batcher.has_pending):
                 batch = self.batcher.take() or ""
                 await post(batch, not self.batcher.has_pending)
