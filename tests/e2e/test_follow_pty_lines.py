@@ -120,3 +120,33 @@ async def test_a_box_table_keeps_its_columns(cluster: Cluster, tmp_path):
     rows = [line.rstrip() for line in cluster.fake.visible_lines(CHAT_ID, thread) if line[:1] in "┌│├└"]
     assert len(rows) == 5 and len({len(row) for row in rows}) == 1, rows  # every row as wide as the others
     assert all(cell in rows[3] for cell in cells) and "select" not in "\n".join(cluster.texts_in(thread))
+
+
+@pytest.mark.skipif(shutil.which("git") is None or shutil.which("less") is None, reason="needs git and less")
+async def test_a_pagers_leftovers_never_eat_the_next_prompt(cluster: Cluster, tmp_path):
+    import subprocess
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    for n in range(40):  # more than a screen: less pages it and waits at its ":" prompt
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", f"commit number {n}"], check=True)
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    follower = await cluster.spawn("follow-pager", ["follow", "--cwd", str(repo), "--pty", "--",
+                                                    "bash", "--norc", "-i"], HOME=str(tmp_path))
+    thread = (await cluster.wait_follower_topic(repo))["threadId"]
+    await cluster.wait_for(lambda: cluster.texts_in(thread), timeout=20, message="the prompt")
+    prompt = cluster.texts_in(thread)[0].strip()
+    cluster.fake.push_message(CHAT_ID, "git log", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "commit number 39")
+    await cluster.wait_for(lambda: ":" in "\n".join(cluster.texts_in(thread)[-1:]), timeout=20,
+                           message="less's prompt")
+    cluster.fake.push_message(CHAT_ID, "q", thread_id=thread, from_id=OWNER_ID)
+    cluster.fake.push_message(CHAT_ID, "echo after-the-pager", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "after-the-pager")
+    await cluster.wait_for(lambda: cluster.fake.visible_lines(CHAT_ID, thread)[-1].strip() == prompt, timeout=20,
+                           message=lambda: f"the prompt whole after the pager: {cluster.fake.visible_lines(CHAT_ID, thread)[-6:]}")
+    shown = [line.strip() for line in cluster.fake.visible_lines(CHAT_ID, thread)]
+    assert prompt[1:] not in shown  # never the prompt without its first letter
+    follower.kill()
