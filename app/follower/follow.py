@@ -159,7 +159,9 @@ async def run_follow(
                             max_delay_s=max_delay_s)
     capture = OutputCapture(child, batcher, renderer=renderer, quiet_s=flush_interval_s,
                             leader_reachable=lambda: client.registered,
-                            live_tails=lambda: CAP_TAIL in client.leader_capabilities)
+                            # Before the leader answered, nothing is posted yet: a line being redrawn is
+                            # held for a tail rather than posted as a partial that no tail could replace.
+                            live_tails=lambda: CAP_TAIL in client.leader_capabilities or not client.registered)
     workdir = os.path.abspath(cwd) if cwd else os.getcwd()
     inbox = os.path.join(workdir, INBOX_DIR)
     background: set[asyncio.Task] = set()
@@ -275,6 +277,13 @@ async def run_follow(
 
     async def post_tail(state: str) -> None:
         """The current state of a line being redrawn: the live message's tail (tail-v1)."""
+        if not client.registered and client.failure is None:
+            try:
+                await client.wait_registered()
+            except FollowerError:
+                pass
+        if CAP_TAIL not in client.leader_capabilities:
+            return  # an older leader: the line is posted once it is finished, or the program pauses
         message: dict[str, object] = {"type": "text", "text": state, "tail": True}
         if CAP_FORMAT in client.leader_capabilities:
             message["format"] = text_format
