@@ -16,7 +16,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from topicbus.follower.child import Child, FdReader
-from topicbus.follower.output import DROPPED_BACKLOG, DROPPED_UNREACHABLE, STDERR_MARK, LineCleaner, OutputBatcher
+from topicbus.follower.output import (DROPPED_BACKLOG, DROPPED_UNREACHABLE, STDERR_MARK, LineCleaner, OutputBatcher,
+                                      ProgressCadence)
 from topicbus.follower.terminal import ScreenRenderer
 
 __all__ = ["OutputCapture"]
@@ -53,6 +54,7 @@ class OutputCapture:
         self._ended = False
         self.last_output_at = self._loop.time()
         self._cleaners: dict[str, LineCleaner] = {}
+        self._pipe_progress = ProgressCadence()
         self._decoders: dict[str, codecs.IncrementalDecoder] = {}
         self._readers: list[FdReader] = []
         self._open = 0
@@ -176,6 +178,8 @@ class OutputCapture:
             times.append(self.renderer.next_due(self.last_output_at))
             if self.renderer.live_progress:
                 times.append(self.renderer.progress_due(self._loop.time()))
+        elif self._tails_shown():
+            times.append(self._pipe_progress.due(self._redrawn_line(), self._loop.time()))
         else:
             for cleaner in self._cleaners.values():
                 if cleaner.has_partial:
@@ -199,9 +203,10 @@ class OutputCapture:
     async def _post_progress(self, now: float, post: Callable[[str, bool], Awaitable[None]],
                              post_tail: Callable[[str], Awaitable[None]]) -> bool:
         """Post the state of a line being redrawn, if one is due (output before it goes first)."""
-        if self.renderer is None or not self.renderer.live_progress:
-            return False
-        state = self.renderer.take_progress(now)
+        if self.renderer is not None:
+            state = self.renderer.take_progress(now) if self.renderer.live_progress else ""
+        else:
+            state = self._pipe_progress.take(self._redrawn_line(), now) if self._tails_shown() else ""
         if not state:
             return False
         while self.batcher.has_pending:
@@ -209,13 +214,26 @@ class OutputCapture:
         await post_tail(state)
         return True
 
+    def _show_tails(self, shown: bool) -> None:
+        """Whether a line being redrawn is shown as the live message's tail (the leader takes tails)."""
+        if self.renderer is not None:
+            self.renderer.live_progress = shown
+        for cleaner in self._cleaners.values():
+            cleaner.live_progress = shown
+
+    def _tails_shown(self) -> bool:
+        return any(cleaner.live_progress for cleaner in self._cleaners.values())
+
+    def _redrawn_line(self) -> str:
+        """Pipe mode: the state of the line being redrawn (the first stream that has one)."""
+        return next((state for cleaner in self._cleaners.values() if (state := cleaner.progress_state())), "")
+
     async def _post_all(self, post: Callable[[str, bool], Awaitable[None]],
                         post_tail: Callable[[str], Awaitable[None]] | None) -> None:
         while True:
             self._wake.clear()
             now = self._loop.time()
-            if self.renderer is not None:
-                self.renderer.live_progress = post_tail is not None and self._live_tails()
+            self._show_tails(post_tail is not None and self._live_tails())
             if not self._ended:
                 self._take_partials(now)
                 if post_tail is not None and await self._post_progress(now, post, post_tail):

@@ -23,14 +23,12 @@ import pyte
 from pyte.screens import Margins
 from wcwidth import wcwidth
 
+from topicbus.follower.output import PROGRESS_FIRST_S, PROGRESS_INTERVAL_S
+
 __all__ = ["ScreenRenderer"]
 
 #: A row that echoed our input and keeps at most this many other characters is a prompt: not posted.
 ECHO_PROMPT_CHARS = 16
-#: A line being redrawn (a progress bar) is shown as the live message's tail this long after the
-#: redrawing began, then at most this often (the leader edits a live message every 4 s at most).
-PROGRESS_FIRST_S = 1.0
-PROGRESS_INTERVAL_S = 2.0
 #: Input typed this recently whose echo has not come back yet: a line being redrawn is readline
 #: echoing it, not progress.
 ECHO_WAIT_S = 2.0

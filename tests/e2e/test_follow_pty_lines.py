@@ -1,6 +1,6 @@
 """`topicbus follow --pty` end to end, line by line: a progress bar shown as it moves (the live
-message's replaceable tail), long lines never hard-wrapped, long commands never echoed back, box
-tables kept, a pager's leftovers never eating the next prompt. Real leader, real follow, real
+message's replaceable tail; in pipe mode too), long lines never hard-wrapped, long commands never
+echoed back, box tables kept, a pager's leftovers never eating the next prompt. Real leader, real follow, real
 programs (python3, bash, sqlite3, git with less) against the fake Bot API."""
 
 from __future__ import annotations
@@ -53,10 +53,16 @@ async def _follow_pty(cluster: Cluster, tmp_path, name: str, *command: str):
     return follower, thread
 
 
-async def test_a_progress_bar_moves_in_the_live_message_and_lands_at_100(cluster: Cluster, tmp_path):
+@pytest.mark.parametrize("pty", [True, False], ids=["pty", "pipe"])
+async def test_a_progress_bar_moves_in_the_live_message_and_lands_at_100(cluster: Cluster, tmp_path, pty: bool):
     await cluster.start_leader(**REAL_BUDGET)
     await cluster.wait_polling()
-    _, thread = await _follow_pty(cluster, tmp_path, "bar", sys.executable, "-c", PROGRESS_BAR)
+    if pty:
+        _, thread = await _follow_pty(cluster, tmp_path, "bar", sys.executable, "-c", PROGRESS_BAR)
+    else:
+        work = tmp_path / "bar-pipe"
+        await cluster.start_follower(work, script=PROGRESS_BAR, TOPICBUS_THREAD_CLEANUP="false")
+        thread = (await cluster.wait_follower_topic(work))["threadId"]
     await cluster.wait_text(thread, "starting")
 
     def moving() -> bool:
