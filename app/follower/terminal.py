@@ -4,14 +4,20 @@
 :class:`~pyte.Screen` (colours, cursor movement, ``\\r``, backspaces and erasures are applied by
 pyte, not by us) and turns the screen into posts:
 
-* **Line mode** (shells, REPLs, build tools): rows above the cursor are final and are posted once,
-  including rows that scrolled off the top; the row the cursor is on (a prompt, a progress bar) is
-  posted when output has been quiet for a while (longer while it is being redrawn).
+* **Line mode** (shells, REPLs, build tools): lines above the cursor are final and are posted once,
+  including rows that scrolled off the top. Rows the terminal wrapped because a line was wider than
+  the screen (autowrap, DECAWM) are joined back into their logical line, so a line is cut only
+  where the program printed a newline. The line the cursor is on is posted when output has been
+  quiet for a while if it is a prompt; a line still being written or redrawn (a progress bar) is
+  taken as **progress** instead (:meth:`ScreenRenderer.take_progress`: the caller shows it as the
+  live message's replaceable tail) while :attr:`ScreenRenderer.live_progress` is set, else posted
+  after a longer pause.
 * **Screen mode** (full-screen programs, ``clear``, multi-line progress): when the program moves
   the cursor back into rows already posted, the whole screen is posted as a snapshot instead, at
   most every ``snapshot_interval_s``; line mode resumes below the snapshot.
 * **Echo**: what follow typed into the terminal is expected back as echo (from the terminal, or
-  from readline); a final row that ends with the next expected input line loses that text, so your
+  from readline); a final line (wrapped rows joined) that ends with the next expected input line
+  loses that text, so your
   own message is not posted back to you.
 """
 
