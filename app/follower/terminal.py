@@ -17,8 +17,7 @@ pyte, not by us) and turns the screen into posts:
   most every ``snapshot_interval_s``; line mode resumes below the snapshot.
 * **Echo**: what follow typed into the terminal is expected back as echo (from the terminal, or
   from readline); a final line (wrapped rows joined) that ends with the next expected input line
-  loses that text, so your
-  own message is not posted back to you.
+  loses that text, so your own message is not posted back to you, however long it is.
 """
 
 from __future__ import annotations
