@@ -28,7 +28,7 @@ import pyte
 from pyte.screens import Margins
 from wcwidth import wcwidth
 
-from topicbus.follower.output import PROGRESS_FIRST_S, PROGRESS_INTERVAL_S
+from topicbus.follower.output import PROGRESS_FIRST_S, PROGRESS_INTERVAL_S, yes_no_buttons
 
 __all__ = ["ScreenRenderer"]
 
@@ -253,7 +253,8 @@ class ScreenRenderer:
         stripped = before.rstrip()
         if not stripped:
             return False
-        return stripped[-1] in _PROMPT_COLON or (before.endswith(" ") and stripped[-1] in _PROMPT_ENDS)
+        return (stripped[-1] in _PROMPT_COLON or (before.endswith(" ") and stripped[-1] in _PROMPT_ENDS)
+                or yes_no_buttons(stripped) is not None)
 
     def _echo_pending(self, now: float) -> bool:
         """Input was typed a moment ago and its echo is still due (readline redraws it: not progress)."""

@@ -259,6 +259,8 @@ def test_a_prompt_is_still_posted_as_a_partial_under_live_progress() -> None:
     r.feed(b"Deploy v1.4.2? [y/N] ", 0)
     assert r.take_partial(0.3, 0.3) == "Deploy v1.4.2? [y/N]"
     assert r.take_progress(5) == ""
+    r.feed(b"\r\nOverwrite? (y/n)", 6)  # no space after it: still a prompt, so it gets its buttons
+    assert r.take_partial(0.3, 6.3) == "Overwrite? (y/n)"
 
 
 def test_a_pagers_prompt_erased_and_written_over_does_not_eat_the_next_line() -> None:
