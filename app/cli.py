@@ -116,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     follow.add_argument("--pty", action="store_true",
                         help="run CMD on a pseudo-terminal, rendered as a screen would show it (REPLs, shells, "
                              "programs that buffer or draw progress bars)")
-    follow.add_argument("--pty-size", metavar="COLSxROWS", default="80x24", type=_pty_size,
-                        help="terminal size under --pty (default: 80x24)")
+    follow.add_argument("--pty-size", metavar="COLSxROWS", default="160x25", type=_pty_size,
+                        help="terminal size under --pty (default: 160x25; rows the terminal wraps are joined "
+                             "back, so a line is cut only where the program printed a newline)")
     follow.add_argument("--stderr", choices=("topic", "merge", "inherit"), default="topic",
                         help="CMD's stderr: posted and marked with ⚠ (topic, the default), mixed into stdout "
                              "unmarked (merge), or left on this terminal (inherit). Not with --pty")

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from topicbus.capabilities import (  # noqa: F401 - re-exported: the protocol is defined in one place
     CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT, CAP_FORMAT, CAP_MEDIA, CAP_PHOTO,
-    CAP_SCREEN, CAP_SEND, CAP_TRANSCRIPT, CONTROL_ACTION_CAPABILITIES, DELIVERY_CAPABILITIES, DELIVERY_FIELD_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES,
+    CAP_SCREEN, CAP_SEND, CAP_TAIL, CAP_TRANSCRIPT, CONTROL_ACTION_CAPABILITIES, DELIVERY_CAPABILITIES,
+    DELIVERY_FIELD_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES,
     LEADER_CAPABILITIES, LEADER_V1_CAPABILITIES, MESSAGE_ITEM,
     REQUIRED_FOLLOWER_CAPABILITIES, SEND_BASE_FIELDS, SEND_FIELD_CAPABILITIES, SEND_TYPE_CAPABILITIES,
     UNSUPPORTED_BY_LEADER, Capabilities, may_deliver,
@@ -165,6 +166,9 @@ class TextMessage(_Strict):
     format: TextFormat | None = None  # needs format-v1; None: plain
     buttons: Annotated[list[Annotated[list[Button], Field(min_length=1, max_length=MAX_BUTTONS_PER_ROW)]],
                        Field(min_length=1, max_length=MAX_BUTTON_ROWS)] | None = None  # needs buttons-v1
+    #: needs tail-v1: the current state of a line still being redrawn (a progress bar), shown at the end
+    #: of the topic's live message and replaced by whatever the follower sends next
+    tail: bool | None = None
 
 
 class ChatActionMessage(_Strict):

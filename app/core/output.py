@@ -71,6 +71,7 @@ class LiveMessage:
     units: int
     started_ms: int
     last_edit_ms: int
+    tail: str = ""  # the last line of ``raw`` when it is a replaceable tail (a line still being redrawn)
 
 
 @dataclass

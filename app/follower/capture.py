@@ -16,7 +16,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from topicbus.follower.child import Child, FdReader
-from topicbus.follower.output import DROPPED_BACKLOG, DROPPED_UNREACHABLE, STDERR_MARK, LineCleaner, OutputBatcher
+from topicbus.follower.output import (DROPPED_BACKLOG, DROPPED_UNREACHABLE, STDERR_MARK, LineCleaner, OutputBatcher,
+                                      ProgressCadence)
 from topicbus.follower.terminal import ScreenRenderer
 
 __all__ = ["OutputCapture"]
@@ -37,8 +38,10 @@ class OutputCapture:
 
     def __init__(self, child: Child, batcher: OutputBatcher, *, renderer: ScreenRenderer | None = None,
                  quiet_s: float = 0.25, redraw_quiet_s: float = 2.0,
-                 leader_reachable: Callable[[], bool] = lambda: False, hold_bytes: int = HOLD_BYTES):
+                 leader_reachable: Callable[[], bool] = lambda: False, hold_bytes: int = HOLD_BYTES,
+                 live_tails: Callable[[], bool] = lambda: False):
         self._child = child
+        self._live_tails = live_tails  # the leader shows a line being redrawn as its live message's tail
         self._leader_reachable = leader_reachable
         self._hold_bytes = hold_bytes
         self.held = False
@@ -51,6 +54,7 @@ class OutputCapture:
         self._ended = False
         self.last_output_at = self._loop.time()
         self._cleaners: dict[str, LineCleaner] = {}
+        self._pipe_progress = ProgressCadence()
         self._decoders: dict[str, codecs.IncrementalDecoder] = {}
         self._readers: list[FdReader] = []
         self._open = 0
@@ -113,7 +117,7 @@ class OutputCapture:
 
     def expect_echo(self, text: str) -> None:
         if self.renderer is not None:
-            self.renderer.expect_echo(text)
+            self.renderer.expect_echo(text, self._loop.time())
 
     async def drain_after_exit(self, cap_s: float = 2.0) -> None:
         """The child has exited: take what is still readable, until the descriptors close, nothing
@@ -172,6 +176,10 @@ class OutputCapture:
         times = [self.batcher.deadline()]
         if self.renderer is not None:
             times.append(self.renderer.next_due(self.last_output_at))
+            if self.renderer.live_progress:
+                times.append(self.renderer.progress_due(self._loop.time()))
+        elif self._tails_shown():
+            times.append(self._pipe_progress.due(self._redrawn_line(), self._loop.time()))
         else:
             for cleaner in self._cleaners.values():
                 if cleaner.has_partial:
@@ -180,21 +188,56 @@ class OutputCapture:
         due = [t for t in times if t is not None and t > self._loop.time()]
         return min(due) if due else None
 
-    async def post_loop(self, post: Callable[[str, bool], Awaitable[None]]) -> None:
+    async def post_loop(self, post: Callable[[str, bool], Awaitable[None]],
+                        post_tail: Callable[[str], Awaitable[None]] | None = None) -> None:
         """Post batches with ``post(text, last)`` (``last``: nothing else is pending, the output
-        paused there) until :meth:`finish` was called and everything is posted."""
+        paused there) until :meth:`finish` was called and everything is posted. Under a pty, with
+        ``post_tail`` and a leader that shows tails, a line being redrawn (a progress bar) is posted
+        with ``post_tail(state)`` as it goes, after the output before it."""
         watcher = asyncio.create_task(self._watch_hold(), name="follow-backpressure")
         try:
-            await self._post_all(post)
+            await self._post_all(post, post_tail)
         finally:
             watcher.cancel()
 
-    async def _post_all(self, post: Callable[[str, bool], Awaitable[None]]) -> None:
+    async def _post_progress(self, now: float, post: Callable[[str, bool], Awaitable[None]],
+                             post_tail: Callable[[str], Awaitable[None]]) -> bool:
+        """Post the state of a line being redrawn, if one is due (output before it goes first)."""
+        if self.renderer is not None:
+            state = self.renderer.take_progress(now) if self.renderer.live_progress else ""
+        else:
+            state = self._pipe_progress.take(self._redrawn_line(), now) if self._tails_shown() else ""
+        if not state:
+            return False
+        while self.batcher.has_pending:
+            await post(self.batcher.take() or "", False)
+        await post_tail(state)
+        return True
+
+    def _show_tails(self, shown: bool) -> None:
+        """Whether a line being redrawn is shown as the live message's tail (the leader takes tails)."""
+        if self.renderer is not None:
+            self.renderer.live_progress = shown
+        for cleaner in self._cleaners.values():
+            cleaner.live_progress = shown
+
+    def _tails_shown(self) -> bool:
+        return any(cleaner.live_progress for cleaner in self._cleaners.values())
+
+    def _redrawn_line(self) -> str:
+        """Pipe mode: the state of the line being redrawn (the first stream that has one)."""
+        return next((state for cleaner in self._cleaners.values() if (state := cleaner.progress_state())), "")
+
+    async def _post_all(self, post: Callable[[str, bool], Awaitable[None]],
+                        post_tail: Callable[[str], Awaitable[None]] | None) -> None:
         while True:
             self._wake.clear()
             now = self._loop.time()
+            self._show_tails(post_tail is not None and self._live_tails())
             if not self._ended:
                 self._take_partials(now)
+                if post_tail is not None and await self._post_progress(now, post, post_tail):
+                    continue
             if self.batcher.ready(now) or (self._ended and self.batcher.has_pending):
                 batch = self.batcher.take() or ""
                 await post(batch, not self.batcher.has_pending)

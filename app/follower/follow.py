@@ -57,7 +57,7 @@ from topicbus.follower.model import (
 from topicbus.follower.output import MAX_PENDING_BYTES, OutputBatcher, dropped_marker, yes_no_buttons
 from topicbus.follower.screenshot import grab, render_png
 from topicbus.follower.terminal import ScreenRenderer
-from topicbus.protocol import CAP_BUTTONS, CAP_FORMAT, CAP_PHOTO, MAX_DOCUMENT_BYTES
+from topicbus.protocol import CAP_BUTTONS, CAP_FORMAT, CAP_PHOTO, CAP_TAIL, MAX_DOCUMENT_BYTES
 
 __all__ = [
     "EXIT_REFUSED",
@@ -79,6 +79,9 @@ EXIT_NOT_EXECUTABLE = 126
 DOUBLE_INTERRUPT_S = 2.0  # a second host Ctrl-C within this ends follow
 STDERR_MODES = ("topic", "merge", "inherit")
 FORMATS = ("pre", "plain", "markdown")
+#: The pty's size under --pty: wide enough that output lines are rarely wrapped, and a full screen
+#: (160 × 25) still fits one 4,096-character message.
+DEFAULT_PTY_SIZE = (160, 25)
 
 
 def exit_code_of(returncode: int) -> int:
@@ -124,7 +127,7 @@ async def run_follow(
     max_batch_chars: int = 3500,
     stderr: str = "topic",
     pty: bool = False,
-    pty_size: tuple[int, int] = (80, 24),
+    pty_size: tuple[int, int] = DEFAULT_PTY_SIZE,
     text_format: str = "pre",
     end_blocks: bool = False,
     context: bool = False,
@@ -158,7 +161,10 @@ async def run_follow(
     batcher = OutputBatcher(max_batch_chars=max_batch_chars, flush_interval_s=flush_interval_s,
                             max_delay_s=max_delay_s)
     capture = OutputCapture(child, batcher, renderer=renderer, quiet_s=flush_interval_s,
-                            leader_reachable=lambda: client.registered)
+                            leader_reachable=lambda: client.registered,
+                            # Before the leader answered, nothing is posted yet: a line being redrawn is
+                            # held for a tail rather than posted as a partial that no tail could replace.
+                            live_tails=lambda: CAP_TAIL in client.leader_capabilities or not client.registered)
     workdir = os.path.abspath(cwd) if cwd else os.getcwd()
     inbox = os.path.join(workdir, INBOX_DIR)
     background: set[asyncio.Task] = set()
@@ -302,6 +308,23 @@ async def run_follow(
         except FollowerSendError as exc:
             logger.error("follow: the leader refused the screenshot ({})", exc.code)
 
+    async def post_tail(state: str) -> None:
+        """The current state of a line being redrawn: the live message's tail (tail-v1)."""
+        if not client.registered and client.failure is None:
+            try:
+                await client.wait_registered()
+            except FollowerError:
+                pass
+        if CAP_TAIL not in client.leader_capabilities:
+            return  # an older leader: the line is posted once it is finished, or the program pauses
+        message: dict[str, object] = {"type": "text", "text": state, "tail": True}
+        if CAP_FORMAT in client.leader_capabilities:
+            message["format"] = text_format
+        try:
+            await client.send_message(message)
+        except FollowerSendError as exc:
+            logger.error("follow: the leader refused a line's progress ({})", exc.code)
+
     async def hand_off(returncode: int) -> None:
         await poster
         notice = exit_notice(returncode, loop.time() - started_at)
@@ -345,7 +368,7 @@ async def run_follow(
         except (NotImplementedError, RuntimeError, ValueError):
             pass
 
-    poster = asyncio.create_task(capture.post_loop(post), name="follow-poster")
+    poster = asyncio.create_task(capture.post_loop(post, post_tail), name="follow-poster")
     exited = asyncio.create_task(child.process.wait(), name="follow-child")
     failed = asyncio.create_task(client.wait_failure(), name="follow-failure")
     aborted = asyncio.create_task(abort.wait(), name="follow-abort")

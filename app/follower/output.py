@@ -35,6 +35,10 @@ __all__ = [
 MAX_PENDING_BYTES = 4 * 1024 * 1024
 #: A line still being written is held up to Telegram's message limit; past it, it is output.
 MAX_LINE_CHARS = MAX_TEXT_CHARS
+#: A line being redrawn (a progress bar) is shown as the live message's tail this long after the
+#: redrawing began, then at most this often (the leader edits a live message every 4 s at most).
+PROGRESS_FIRST_S = 1.0
+PROGRESS_INTERVAL_S = 2.0
 #: An escape sequence longer than this is not one a terminal would wait for: it is shown as text.
 MAX_ESCAPE_CHARS = 4096
 #: Why output was dropped (the end of :func:`dropped_marker`).
@@ -123,6 +127,9 @@ class LineCleaner:
         self._redrawn = False  # something on this line was overwritten (a bar, a spinner)
         self._cr = False  # the last text ended with "\\r": a redraw if anything but a newline follows
         self._open = False  # the start of this line was returned already: the rest continues it
+        #: True while the leader shows a line being redrawn as its live message's tail: such a line
+        #: is then never taken as a partial (:meth:`progress_state` shows it), only once it ends.
+        self.live_progress = False
 
     @property
     def has_partial(self) -> bool:
@@ -148,6 +155,8 @@ class LineCleaner:
         """The pending fragment (cleaned, without newline), if due; ``""`` when there is nothing."""
         if not self.has_partial:
             return ""
+        if not force and self._redrawn and self.live_progress:
+            return ""
         limit = self.redraw_quiet_s if self._redrawn else self.quiet_s
         if not force and quiet_for < limit:
             return ""
@@ -155,6 +164,11 @@ class LineCleaner:
         marked = self.mark + text if self.mark and text and not self._open else text
         self._reset()  # an unfinished escape sequence is dropped; the rest of the line is marked again
         return marked
+
+    def progress_state(self) -> str:
+        """The current state of the line being redrawn (a ``\\r`` bar), marked; ``""`` when none."""
+        text = self._held.rstrip() if self._redrawn else ""
+        return self.mark + text if self.mark and text and not self._open else text
 
     def break_line(self) -> str:
         """Another stream writes now: the line being written ends here (what is held, and a newline)."""
@@ -223,6 +237,39 @@ class LineCleaner:
                 col += len(token)
         self._held = "".join(cells)
         self._col = col
+
+
+class ProgressCadence:
+    """When the state of a line being redrawn is shown again (pipe mode's live progress): ``first_s``
+    after the redrawing was first seen, then at most every ``interval_s``, and only when it changed."""
+
+    def __init__(self, first_s: float = PROGRESS_FIRST_S, interval_s: float = PROGRESS_INTERVAL_S):
+        self.first_s = first_s
+        self.interval_s = interval_s
+        self._since: float | None = None
+        self._at: float | None = None
+        self._shown = ""
+
+    def due(self, state: str, now: float) -> float | None:
+        """When ``state`` may be shown (None: not before it changes; no state ends the redrawing)."""
+        if not state:
+            self._since = self._at = None
+            self._shown = ""
+            return None
+        if self._since is None:
+            self._since = now
+        if state == self._shown:
+            return None
+        first = self._since + self.first_s
+        return first if self._at is None else max(first, self._at + self.interval_s)
+
+    def take(self, state: str, now: float) -> str:
+        """``state`` when it is due now (and remembered as shown), else ``""``."""
+        due = self.due(state, now)
+        if due is None or now < due:
+            return ""
+        self._shown, self._at = state, now
+        return state
 
 
 def dropped_marker(dropped_bytes: int, cause: str = DROPPED_UNREACHABLE) -> str:

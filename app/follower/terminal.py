@@ -4,15 +4,20 @@
 :class:`~pyte.Screen` (colours, cursor movement, ``\\r``, backspaces and erasures are applied by
 pyte, not by us) and turns the screen into posts:
 
-* **Line mode** (shells, REPLs, build tools): rows above the cursor are final and are posted once,
-  including rows that scrolled off the top; the row the cursor is on (a prompt, a progress bar) is
-  posted when output has been quiet for a while (longer while it is being redrawn).
+* **Line mode** (shells, REPLs, build tools): lines above the cursor are final and are posted once,
+  including rows that scrolled off the top. Rows the terminal wrapped because a line was wider than
+  the screen (autowrap, DECAWM) are joined back into their logical line, so a line is cut only
+  where the program printed a newline. The line the cursor is on is posted when output has been
+  quiet for a while if it is a prompt; a line still being written or redrawn (a progress bar) is
+  taken as **progress** instead (:meth:`ScreenRenderer.take_progress`: the caller shows it as the
+  live message's replaceable tail) while :attr:`ScreenRenderer.live_progress` is set, else posted
+  after a longer pause.
 * **Screen mode** (full-screen programs, ``clear``, multi-line progress): when the program moves
   the cursor back into rows already posted, the whole screen is posted as a snapshot instead, at
   most every ``snapshot_interval_s``; line mode resumes below the snapshot.
 * **Echo**: what follow typed into the terminal is expected back as echo (from the terminal, or
-  from readline); a final row that ends with the next expected input line loses that text, so your
-  own message is not posted back to you.
+  from readline); a final line (wrapped rows joined) that ends with the next expected input line
+  loses that text, so your own message is not posted back to you, however long it is.
 """
 
 from __future__ import annotations
@@ -23,16 +28,23 @@ import pyte
 from pyte.screens import Margins
 from wcwidth import wcwidth
 
+from topicbus.follower.output import PROGRESS_FIRST_S, PROGRESS_INTERVAL_S, yes_no_buttons
+
 __all__ = ["ScreenRenderer"]
 
 #: A row that echoed our input and keeps at most this many other characters is a prompt: not posted.
 ECHO_PROMPT_CHARS = 16
+#: Input typed this recently whose echo has not come back yet: a line being redrawn is readline
+#: echoing it, not progress.
+ECHO_WAIT_S = 2.0
 _PROMPT_ENDS = frozenset(">$#%:]?.")
 _PROMPT_CHARS = frozenset(">$#%:.")
+_PROMPT_COLON = frozenset(":?>")  # a prompt even without a space after it
 
 
-def _render(line, columns: int) -> str:
-    """One pyte buffer row as text (wide characters once), trailing spaces removed."""
+def _render(line, columns: int, *, strip: bool = True) -> str:
+    """One pyte buffer row as text (wide characters once), trailing spaces removed unless ``strip``
+    is false (a row that wraps into the next: its spaces are part of the line)."""
     out = []
     skip = False
     for x in range(columns):
@@ -42,7 +54,8 @@ def _render(line, columns: int) -> str:
         char = line[x].data
         out.append(char)
         skip = bool(char) and wcwidth(char[0]) == 2
-    return "".join(out).rstrip()
+    text = "".join(out)
+    return text.rstrip() if strip else text
 
 
 class _Screen(pyte.Screen):
@@ -55,6 +68,8 @@ class _Screen(pyte.Screen):
         self.redrawn = False  # characters on the cursor's row were overwritten (a bar, a spinner)
         self.floor = 0  # absolute row: rows above it were posted already
         self.rewrote = False  # something was drawn above the floor (a full-screen redraw)
+        self.wrapped: set[int] = set()  # absolute rows the terminal wrapped into the next (autowrap)
+        self._drawing = False
 
     def draw(self, data: str) -> None:
         if self.scroll_count + self.cursor.y < self.floor:
@@ -66,34 +81,63 @@ class _Screen(pyte.Screen):
                 if old not in (" ", "", char):
                     self.redrawn = True
                     break
-        super().draw(data)
+        self._drawing = True  # a linefeed from inside pyte's draw is an autowrap (DECAWM)
+        try:
+            super().draw(data)
+        finally:
+            self._drawing = False
 
     def index(self) -> None:
         top, bottom = self.margins or Margins(0, self.lines - 1)
         if self.cursor.y == bottom and top == 0:
-            self.scrolled.append(_render(self.buffer[0], self.columns))
+            self.scrolled.append(_render(self.buffer[0], self.columns, strip=False))
             self.scroll_count += 1
         super().index()
 
     def linefeed(self) -> None:
+        row = self.scroll_count + self.cursor.y
         super().linefeed()
-        self.redrawn = False  # a new row: nothing on it was redrawn yet
+        if self._drawing:
+            self.wrapped.add(row)  # the same logical line goes on: not a new row of output
+        else:
+            self.redrawn = False  # a new row: nothing on it was redrawn yet
+
+    def erase_in_line(self, how: int = 0, private: bool = False) -> None:
+        super().erase_in_line(how, private)
+        if how in (0, 2):  # the row's end is gone: it no longer runs into the next row
+            self.wrapped.discard(self.scroll_count + self.cursor.y)
+
+    def erase_in_display(self, how: int = 0, *args, **kwargs) -> None:
+        super().erase_in_display(how, *args, **kwargs)
+        first = self.scroll_count + (self.cursor.y if how == 0 else 0)
+        last = self.scroll_count + (self.cursor.y if how == 1 else self.lines)
+        self.wrapped.difference_update(range(first, last + 1))
 
 
 class ScreenRenderer:
     """See the module docstring. Pure apart from pyte: the caller passes bytes and times."""
 
-    def __init__(self, columns: int = 80, lines: int = 24, *, quiet_s: float = 0.25,
-                 redraw_quiet_s: float = 2.0, snapshot_interval_s: float = 3.0):
+    def __init__(self, columns: int = 160, lines: int = 25, *, quiet_s: float = 0.25,
+                 redraw_quiet_s: float = 2.0, snapshot_interval_s: float = 3.0,
+                 progress_first_s: float = PROGRESS_FIRST_S, progress_interval_s: float = PROGRESS_INTERVAL_S):
         self.screen = _Screen(columns, lines)
         self.stream = pyte.ByteStream(self.screen)
         self.quiet_s = quiet_s
         self.redraw_quiet_s = redraw_quiet_s
         self.snapshot_interval_s = snapshot_interval_s
-        self._posted = 0  # absolute row: rows before it are posted
-        self._posted_cols = 0  # of that row, this many characters were posted (a partial)
+        self.progress_first_s = progress_first_s
+        self.progress_interval_s = progress_interval_s
+        #: True once the caller shows a redrawn line as the live message's tail (:meth:`take_progress`):
+        #: such a line is then never posted as a partial, only once it is finished.
+        self.live_progress = False
+        self._posted = 0  # absolute row where the first logical line not fully posted starts
+        self._posted_text = ""  # of that line, this text was posted (a partial: a prompt)
         self._echo: deque[str] = deque()  # input lines whose echo has not been seen yet
         self._echoed: deque[str] = deque(maxlen=4)  # the last ones seen (a line may be echoed twice)
+        self._echo_expected_at: float | None = None
+        self._redraw_since: float | None = None  # when the cursor's line began to be redrawn
+        self._progress_at: float | None = None  # when its state was last taken as progress
+        self._progress_shown: str | None = None  # that state
         self._dirty = False  # screen mode: changed since the last snapshot
         self._screen_mode = False
         self._screen_mode_since = 0.0
@@ -103,15 +147,17 @@ class ScreenRenderer:
     def screen_mode(self) -> bool:
         return self._screen_mode
 
-    def expect_echo(self, text: str) -> None:
+    def expect_echo(self, text: str, now: float | None = None) -> None:
         """Input just typed into the terminal; its lines will come back as echo."""
         lines = text.split("\n")
         if lines and not lines[-1]:
             lines.pop()  # the newline that ends the text
         self._echo.extend(lines)
+        self._echo_expected_at = now
 
     def feed(self, data: bytes, now: float) -> str:
-        """Apply the child's output; return the text of rows that became final (each ends in ``\\n``)."""
+        """Apply the child's output; return the text of logical lines that became final (each ends
+        in ``\\n``; rows the terminal wrapped are joined back)."""
         self.screen.floor = self._posted
         self.stream.feed(data)
         if self._cursor_abs() < self._posted or self.screen.rewrote or self._screen_mode:
@@ -122,24 +168,59 @@ class ScreenRenderer:
             self._dirty = True
             self.screen.scrolled.clear()
             return ""
-        return self._collect_final()
+        final = self._collect_final()
+        if self._redraw_since is None and self._unposted(self._current_line()).strip():
+            self._redraw_since = now  # an unfinished line began
+        return final
 
     def take_partial(self, quiet_for: float, now: float, *, force: bool = False) -> str:
-        """What is due after ``quiet_for`` seconds without output: in line mode the cursor's row
-        (``quiet_s``, or ``redraw_quiet_s`` while redrawn); in screen mode a snapshot (not more
+        """What is due after ``quiet_for`` seconds without output: in line mode the cursor's line
+        (``quiet_s``, or ``redraw_quiet_s`` while redrawn; never a redrawn line under
+        :attr:`live_progress`, which :meth:`take_progress` shows); in screen mode a snapshot (not more
         often than every ``snapshot_interval_s``). ``force``: everything now (the child exited)."""
         if self._screen_mode:
             return self._snapshot(quiet_for, now, force)
+        if not force and self._shown_as_progress():
+            return ""
         limit = self.redraw_quiet_s if self.screen.redrawn else self.quiet_s
         if not force and quiet_for < limit:
             return ""
-        row = self._row(self._cursor_abs())
-        fresh = row[self._posted_cols:] if len(row) > self._posted_cols else ""
+        line = self._current_line()
+        fresh = self._unposted(line)
         if not fresh.strip():
             return ""
-        self._posted_cols = max(len(row), self.screen.cursor.x)  # the prompt's trailing space too
+        wrapped_rows = self._cursor_abs() - self._posted
+        cursor_col = wrapped_rows * self.screen.columns + self.screen.cursor.x
+        self._posted_text = line.ljust(cursor_col)  # the prompt's trailing space too
         self.screen.redrawn = False
+        self._redraw_since = None
         return fresh
+
+    def take_progress(self, now: float) -> str:
+        """The current state of a line being redrawn (a progress bar), when one is due: first
+        ``progress_first_s`` after the redrawing began, then at most every ``progress_interval_s``,
+        and only when it changed. The caller shows it as the live message's replaceable tail; the
+        finished line is still returned by :meth:`feed` (it replaces the tail)."""
+        due = self.progress_due(now)
+        if due is None or now < due:
+            return ""
+        line = self._unposted(self._current_line()).strip()
+        if not line or line == self._progress_shown:
+            return ""
+        self._progress_shown = line
+        self._progress_at = now
+        return line
+
+    def progress_due(self, now: float) -> float | None:
+        """When :meth:`take_progress` may next have something (None: not before new output)."""
+        if not self._shown_as_progress() or self._redraw_since is None or self._echo_pending(now):
+            return None
+        if self._progress_at is None:
+            return self._redraw_since + self.progress_first_s
+        line = self._unposted(self._current_line()).strip()
+        if not line or line == self._progress_shown:
+            return None
+        return max(self._progress_at + self.progress_interval_s, self._redraw_since + self.progress_first_s)
 
     def next_due(self, last_output_at: float) -> float | None:
         """When :meth:`take_partial` may next have something (None: not before new output)."""
@@ -150,31 +231,84 @@ class ScreenRenderer:
             if self._last_snapshot is not None:
                 due = max(due, self._last_snapshot + self.snapshot_interval_s)
             return due
-        row = self._row(self._cursor_abs())
-        if len(row) <= self._posted_cols or not row[self._posted_cols:].strip():
+        if self._shown_as_progress():
+            return None
+        if not self._unposted(self._current_line()).strip():
             return None
         return last_output_at + (self.redraw_quiet_s if self.screen.redrawn else self.quiet_s)
 
     # ---- internals -------------------------------------------------------------------------------
 
+    def _shown_as_progress(self) -> bool:
+        """The cursor's unfinished line is shown as the live message's tail (:meth:`take_progress`),
+        not posted as a partial: a line still being written or redrawn that is not a prompt."""
+        return self.live_progress and not self._screen_mode and not self._at_prompt()
+
+    def _at_prompt(self) -> bool:
+        """The text before the cursor looks like a prompt waiting for input (``$ ``, ``>>> ``,
+        ``[y/N] ``, ``Password:``): posted as a partial, so that it can carry buttons."""
+        screen = self.screen
+        before = self._current_line()[:(self._cursor_abs() - self._posted) * screen.columns + screen.cursor.x]
+        before = before.ljust((self._cursor_abs() - self._posted) * screen.columns + screen.cursor.x)
+        stripped = before.rstrip()
+        if not stripped:
+            return False
+        return (stripped[-1] in _PROMPT_COLON or (before.endswith(" ") and stripped[-1] in _PROMPT_ENDS)
+                or yes_no_buttons(stripped) is not None)
+
+    def _echo_pending(self, now: float) -> bool:
+        """Input was typed a moment ago and its echo is still due (readline redraws it: not progress)."""
+        return bool(self._echo) and (self._echo_expected_at is None or now - self._echo_expected_at < ECHO_WAIT_S)
+
     def _cursor_abs(self) -> int:
         return self.screen.scroll_count + self.screen.cursor.y
 
     def _row(self, absolute: int) -> str:
+        """One row as text; a row the terminal wrapped into the next keeps its trailing spaces."""
         screen = self.screen
+        strip = absolute not in screen.wrapped
         y = absolute - screen.scroll_count
         if 0 <= y < screen.lines:
-            return _render(screen.buffer[y], screen.columns)
+            return _render(screen.buffer[y], screen.columns, strip=strip)
         offset = absolute - (screen.scroll_count - len(screen.scrolled))
-        return screen.scrolled[offset] if 0 <= offset < len(screen.scrolled) else ""
+        text = screen.scrolled[offset] if 0 <= offset < len(screen.scrolled) else ""
+        return text.rstrip() if strip else text
+
+    def _line_start(self, absolute: int) -> int:
+        """The row where the logical line holding row ``absolute`` starts."""
+        while absolute - 1 in self.screen.wrapped and absolute > self._posted:
+            absolute -= 1
+        return absolute
+
+    def _line_at(self, start: int) -> tuple[str, int]:
+        """The logical line starting at row ``start``: its rows joined, and the row after it."""
+        parts = [self._row(start)]
+        end = start
+        while end in self.screen.wrapped:
+            end += 1
+            parts.append(self._row(end))
+        return "".join(parts).rstrip(), end + 1
+
+    def _current_line(self) -> str:
+        """The logical line the cursor is on (it starts at the first row not yet final)."""
+        return self._line_at(self._posted)[0]
+
+    def _unposted(self, line: str) -> str:
+        """What of the line at :attr:`_posted` was not posted yet: all of it when the part posted
+        before is no longer there (erased and written over, as a pager's prompt is on quitting)."""
+        posted = self._posted_text
+        if line[:len(posted)].ljust(len(posted)) == posted:
+            return line[len(posted):]
+        return line
 
     def _collect_final(self) -> str:
-        cursor = self._cursor_abs()
+        boundary = self._line_start(self._cursor_abs())
         out = []
-        for absolute in range(self._posted, cursor):
-            row = self._row(absolute)
-            partial = self._posted_cols if absolute == self._posted else 0
-            text = row[partial:]
+        start = self._posted
+        while start < boundary:
+            line, after = self._line_at(start)
+            partial = start == self._posted and bool(self._posted_text)
+            text = self._unposted(line) if start == self._posted else line
             stripped = self._strip_echo(text)
             echoed = stripped is not None
             if echoed:
@@ -183,13 +317,25 @@ class ScreenRenderer:
                 # Only the prompt is left (">>>", "...", "$", "sqlite>"): the owner knows what they typed.
                 if partial:
                     out.append("\n")  # ends the prompt posted before
-                continue
-            out.append(text.rstrip() + "\n")
-        if cursor > self._posted:
-            self._posted = cursor
-            self._posted_cols = 0
-        self.screen.scrolled.clear()
+            else:
+                out.append(text.rstrip() + "\n")
+            start = after
+        if boundary > self._posted:
+            self._posted = boundary
+            self._posted_text = ""
+            self._progress_at = self._progress_shown = None
+            self._redraw_since = None if not self.screen.redrawn else self._redraw_since
+        self._forget_posted_rows()
         return "".join(out)
+
+    def _forget_posted_rows(self) -> None:
+        """Drop the scrolled-off rows and wrap marks of lines already posted."""
+        screen = self.screen
+        first_kept = screen.scroll_count - len(screen.scrolled)
+        if self._posted > first_kept:
+            del screen.scrolled[:self._posted - first_kept]
+        if screen.wrapped and min(screen.wrapped) < self._posted:
+            screen.wrapped = {row for row in screen.wrapped if row >= self._posted}
 
     def _strip_echo(self, row: str) -> str | None:
         """``row`` without the input it echoes (None when it echoes none). Input typed while the
@@ -237,8 +383,8 @@ class ScreenRenderer:
         self._screen_mode = False
         self._echo.clear()
         self._echoed.clear()
-        cursor_row = self._row(self._cursor_abs())
         self._posted = self._cursor_abs()
-        self._posted_cols = len(cursor_row)
+        self._posted_text = self._row(self._posted)
         self.screen.scrolled.clear()
+        self.screen.wrapped.clear()
         return "\n".join(rows) + "\n" if rows else ""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -31,8 +31,8 @@ from typing import Any
 from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
 from topicbus.core.budget import Priority
 from topicbus.core.formatting import MAX_CAPTION, Rendered, as_plain, render, split, tail, utf16_len
-from topicbus.core.output import (AsFile, Extend, NewMessage, OutputConfig, Ping, QueuedItem, Single, TopicTurn,
-                                  coalescible, fitting)
+from topicbus.core.output import (AsFile, Extend, LiveMessage, NewMessage, OutputConfig, Ping, QueuedItem, Single,
+                                  TopicTurn, coalescible, fitting)
 from topicbus.leader.keyboards import Keyboards, keys
 from topicbus.leader.term import LeaderTerm
 from topicbus.retry import Backoff
@@ -137,7 +137,7 @@ class OutputSender:
 
     async def _texts(self, items: tuple[QueuedItem, ...]) -> tuple[str, dict[int, dict[str, Any]]]:
         payloads = await self._repo.payloads([i.id for i in items])
-        return "\n".join(payloads.get(i.id, {}).get("text", "") for i in items), payloads
+        return "\n".join(_shown_texts(items, payloads)), payloads
 
     async def _new_message(self, key: TopicKey, topic: TopicOutput, step: NewMessage, now: float) -> None:
         owner_turns = topic.turn.stream.owner_turns
@@ -166,6 +166,7 @@ class OutputSender:
             topic.turn.sent_message(int(time.monotonic() * 1000), notify=step.notify, message_id=message_id,
                                     fmt=head.fmt, raw=raw, units=utf16_len(raw), growable=growable,
                                     arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns)
+            _keep_tail(topic, step.items, payloads)
             await self._carried(key, keyboard, message_id, live=topic.turn.stream.live is not None)
             self.stats.messages += len(parts)
             if head.kind == "text":
@@ -221,8 +222,8 @@ class OutputSender:
         live = topic.turn.stream.live
         assert live is not None
         owner_turns = topic.turn.stream.owner_turns
-        added, _ = await self._texts(step.items)
-        raw = f"{live.raw}\n{added}"
+        added, payloads = await self._texts(step.items)
+        raw = f"{_without_tail(live)}\n{added}"
         rendered = render(raw, live.fmt)
         if rendered.length > self._output.max_message:
             topic.turn.stream.live = None  # no room after rendering: the next turn starts a new message
@@ -241,6 +242,7 @@ class OutputSender:
         if await self._settle(key, topic, step.items, result, live.message_id):
             topic.turn.extended(int(time.monotonic() * 1000), raw, utf16_len(raw),
                                 arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns)
+            _keep_tail(topic, step.items, payloads)
             await self._carried(key, keyboard, live.message_id, live=topic.turn.stream.live is not None)
             self.stats.edits += 1
             self.stats.units_sent += utf16_len(added)
@@ -343,3 +345,30 @@ class OutputSender:
         await self._repo.note_attempt(item_id, f"topic closed; reopen: {result.outcome}", self._term.authority())
         if not result.ok:
             topic.paused_until = time.monotonic() + topic.backoff.next()
+
+
+# --- tails (tail-v1): a line still being redrawn, replaced by what follows ----------------------------
+def _is_tail(payload: dict[str, Any]) -> bool:
+    return bool(payload.get("tail"))
+
+
+def _shown_texts(items: Sequence[QueuedItem], payloads: dict[int, dict[str, Any]]) -> list[str]:
+    """The texts of ``items`` as shown: a tail followed by anything is replaced by it (dropped)."""
+    last = len(items) - 1
+    return [payloads.get(item.id, {}).get("text", "") for index, item in enumerate(items)
+            if index == last or not _is_tail(payloads.get(item.id, {}))]
+
+
+def _keep_tail(topic: TopicOutput, items: Sequence[QueuedItem], payloads: dict[int, dict[str, Any]]) -> None:
+    """After a send or an edit: the live message's last line is a tail when the last item was one."""
+    live = topic.turn.stream.live
+    if live is not None:
+        payload = payloads.get(items[-1].id, {})
+        live.tail = payload.get("text", "") if _is_tail(payload) else ""
+
+
+def _without_tail(live: LiveMessage) -> str:
+    """The live message's text without its tail: what the next output is appended to."""
+    if live.tail and live.raw.endswith(live.tail):
+        return live.raw[: len(live.raw) - len(live.tail)].rstrip("\n")
+    return live.raw

@@ -148,3 +148,28 @@ async def test_output_sent_while_the_owner_spoke_is_never_grown_to_hold_the_answ
                                         for _, text in m.history), timeout=10, message="the answer")
     messages = env.fake.messages_in(CHAT, thread)
     assert [(m.text, m.silent, m.edits) for m in messages] == [("READY", False, 0), ("got:hello", False, 0)]
+
+
+async def _send_tail(env: LeaderEnv, instance: str, generation: str, text: str, request: str) -> None:
+    assert env.services is not None
+    message = {**text_message(text), "tail": True}  # tail-v1: a line still being redrawn
+    kind, model, _ = decode_frame(encode(send_frame(request, instance, generation, message)))
+    await env.services.followers.send(model)
+
+
+async def test_a_tail_is_replaced_by_what_follows_it_in_the_live_message(env: LeaderEnv):
+    _output(env, edit_interval_ms=200, quiet_ms=60_000)
+    await env.start()
+    thread = (await env.register("a", cwd="/bar", generation="g1", pid=10))["threadId"]
+    await _send(env, "a", "g1", "starting", "r0")
+    await env.fake.wait_for(lambda: env.fake.messages_in(CHAT, thread), timeout=10)
+    [message] = env.fake.messages_in(CHAT, thread)
+    for n, percent in enumerate((10, 40, 70)):
+        await _send_tail(env, "a", "g1", f"bar {percent}%", f"t{n}")
+        await env.fake.wait_for(lambda p=percent: (message.text or "").endswith(f"bar {p}%"), timeout=10)
+        assert message.text == f"starting\nbar {percent}%"  # the tail replaced, never appended
+    await _send_tail(env, "a", "g1", "bar 90%", "t3")  # followed at once: replaced whether or not it was shown
+    await _send(env, "a", "g1", "bar 100%\nDone", "r1")
+    await env.fake.wait_for(lambda: (message.text or "").endswith("Done"), timeout=10)
+    assert message.text == "starting\nbar 100%\nDone"
+    assert len(env.fake.messages_in(CHAT, thread)) == 1

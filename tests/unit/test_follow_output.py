@@ -209,3 +209,63 @@ def test_an_answer_is_not_taken_for_the_echo_of_what_was_typed() -> None:
     assert r.feed(b"y\r\nyou said y\r\n", 2) == "\nyou said y\n"
     r.expect_echo("q1\n")
     assert r.feed(b"q1\r\nanswer:q1\r\n", 3) == "answer:q1\n"  # the terminal's echo goes, the answer stays
+
+
+def test_rows_the_terminal_wrapped_are_joined_into_their_line() -> None:
+    r = ScreenRenderer(20, 5)
+    line = "".join(f"w{n:02d} " for n in range(12)).rstrip()  # 47 characters: three rows of 20
+    out = r.feed(line.encode() + b"\r\nshort\r\n", 0)
+    assert out == line + "\nshort\n"
+    exact = "x" * 20  # exactly the width, then a newline: no wrap, nothing joined
+    assert r.feed(exact.encode() + b"\r\n" + b"y\r\n", 1) == exact + "\ny\n"
+
+
+def test_a_wrapped_line_scrolling_off_the_top_is_kept_whole() -> None:
+    r = ScreenRenderer(10, 3)
+    line = "abcdefghij" * 5  # five rows on a three-row screen
+    assert r.feed(line.encode(), 0) == ""
+    assert r.feed(b"\r\n", 1) == line + "\n"
+
+
+def test_a_long_echo_wrapped_by_the_terminal_is_not_posted() -> None:
+    r = ScreenRenderer(30, 5)
+    r.feed(b"bash-5.2# ", 0)
+    assert r.take_partial(1, 1) == "bash-5.2#"
+    command = "echo " + "x" * 60
+    r.expect_echo(command + "\n", 1)
+    out = r.feed(command.encode() + b"\r\n" + b"x" * 60 + b"\r\nbash-5.2# ", 2)
+    assert out == "\n" + "x" * 60 + "\n"  # the prompt's line ends, the answer whole, no fragment of the command
+
+
+def test_a_line_being_redrawn_is_taken_as_progress_and_its_final_state_posted() -> None:
+    r = ScreenRenderer(80, 24, progress_first_s=1.0, progress_interval_s=2.0)
+    r.live_progress = True
+    assert r.feed(b"start\r\n\rget [  ] 0%", 0) == "start\n"
+    assert r.take_partial(0.5, 0.5) == ""  # not a prompt: never a partial while shown as progress
+    assert r.take_progress(0.5) == ""  # not yet
+    r.feed(b"\rget [# ] 50%", 0.9)
+    assert r.progress_due(0.9) == 1.0
+    assert r.take_progress(1.0) == "get [# ] 50%"
+    assert r.take_progress(1.5) == ""  # unchanged
+    r.feed(b"\rget [##] 90%", 1.6)
+    assert r.take_progress(2.0) == ""  # at most every 2 s
+    assert r.take_progress(3.0) == "get [##] 90%"
+    assert r.feed(b"\rget [##] 100%\r\nDone\r\n", 3.5) == "get [##] 100%\nDone\n"
+
+
+def test_a_prompt_is_still_posted_as_a_partial_under_live_progress() -> None:
+    r = ScreenRenderer(80, 24)
+    r.live_progress = True
+    r.feed(b"Deploy v1.4.2? [y/N] ", 0)
+    assert r.take_partial(0.3, 0.3) == "Deploy v1.4.2? [y/N]"
+    assert r.take_progress(5) == ""
+    r.feed(b"\r\nOverwrite? (y/n)", 6)  # no space after it: still a prompt, so it gets its buttons
+    assert r.take_partial(0.3, 6.3) == "Overwrite? (y/n)"
+
+
+def test_a_pagers_prompt_erased_and_written_over_does_not_eat_the_next_line() -> None:
+    r = ScreenRenderer(80, 24)
+    r.feed(b"commit 1\r\n:", 0)
+    assert r.take_partial(1, 1) == ":"
+    assert r.feed(b"\r\x1b[Kroot@vm:~# ", 2) == ""
+    assert r.take_partial(1, 3) == "root@vm:~#"  # whole: the ":" posted before is gone from the row

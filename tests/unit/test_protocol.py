@@ -14,6 +14,7 @@ from topicbus.protocol import (
     CAP_BUTTONS,
     CAP_CONTROL,
     CAP_DELIVER,
+    CAP_TAIL,
     CAP_DISPLAY_TITLE,
     CAP_EDIT,
     CAP_FORMAT,
@@ -397,7 +398,7 @@ def test_follower_refuses_unknown_kinds_and_garbage() -> None:
 
 def test_identities() -> None:
     assert follower_identity("b") == {"version": 1, "build": "b", "capabilities": [CAP_DELIVER, CAP_DISPLAY_TITLE]}
-    assert leader_identity("l")["capabilities"] == sorted({CAP_DELIVER, CAP_SEND, CAP_FORMAT, CAP_PHOTO, CAP_BUTTONS})
+    assert leader_identity("l")["capabilities"] == sorted({CAP_DELIVER, CAP_SEND, CAP_FORMAT, CAP_PHOTO, CAP_BUTTONS, CAP_TAIL})
     assert leader_identity("l", [CAP_FORMAT, CAP_SEND, CAP_SEND])["capabilities"] == [CAP_FORMAT, CAP_SEND]
     assert follower_identity("b", Capabilities.for_follower(["message", "edit"]))["capabilities"] == [
         CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT]
@@ -420,7 +421,7 @@ def test_compatibility(protocol: dict[str, Any] | None, reason: str | None) -> N
 def test_capability_names() -> None:
     assert dict(DELIVERY_CAPABILITIES) == {"control": CAP_CONTROL, "button": CAP_BUTTON, "edit": CAP_EDIT,
                                            "media": CAP_MEDIA}
-    assert dict(SEND_FIELD_CAPABILITIES) == {"format": CAP_FORMAT, "buttons": CAP_BUTTONS}
+    assert dict(SEND_FIELD_CAPABILITIES) == {"format": CAP_FORMAT, "buttons": CAP_BUTTONS, "tail": CAP_TAIL}
     names = [CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_SEND, *DELIVERY_CAPABILITIES.values(),
              *SEND_FIELD_CAPABILITIES.values()]
     assert len(set(names)) == len(names) and all(n.endswith("-v1") for n in names)
