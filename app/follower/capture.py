@@ -178,9 +178,10 @@ class OutputCapture:
             times.append(self.renderer.next_due(self.last_output_at))
             if self.renderer.live_progress:
                 times.append(self.renderer.progress_due(self._loop.time()))
-        elif self._tails_shown():
-            times.append(self._pipe_progress.due(self._redrawn_line(), self._loop.time()))
         else:
+            if self._tails_shown():
+                times.append(self._pipe_progress.due(self._redrawn_line(), self._loop.time()))
+            # A line that is not being redrawn (a prompt) is still taken once quiet, tails or not.
             for cleaner in self._cleaners.values():
                 if cleaner.has_partial:
                     times.append(self.last_output_at + cleaner.quiet_s)
