@@ -49,6 +49,9 @@ supervisor opened instead.
 In the topic: /interrupt (Ctrl-C), /kill (SIGTERM, then SIGKILL after 5 s), /eof (end of input),
 /screen (with --pty: the screen as a picture), //text (types /text). Here: Ctrl-C goes to CMD; a
 second Ctrl-C within 2 s stops CMD and follow.
+CMD starts with SIGINT, SIGQUIT, SIGTSTP and SIGPIPE at their defaults, even when follow was started
+with them ignored (nohup, a script), so /interrupt always interrupts. While the leader cannot be
+reached, follow retries and warns once, then once a minute with a count.
 When CMD exits, its output is handed over, "⏹ exited with code N" is posted, and follow exits
 with CMD's code."""
 

@@ -28,7 +28,7 @@ from urllib.parse import quote
 from loguru import logger
 
 __all__ = ["REDACTED", "Redactor", "InterceptHandler", "configure_logging", "add_secret", "redact", "event",
-           "RecordedEvent", "EventJournal"]
+           "RecordedEvent", "EventJournal", "RepeatedWarning"]
 
 REDACTED = "[REDACTED]"
 MIN_SECRET_LENGTH = 6  # shorter "secrets" would shred every line
@@ -242,3 +242,33 @@ class EventJournal:
         """Oldest first; only events of ``phase`` when given."""
         events = list(self._events)
         return events if phase is None else [e for e in events if e.phase == phase]
+
+
+class RepeatedWarning:
+    """Whether a warning that keeps recurring (``follow`` failing to reach the leader on every retry)
+    is logged now: the first time, then at most once per ``interval_s``, with how many times it
+    happened since it was last logged. :meth:`reset` when the condition ends (the next occurrence
+    is logged at once again). Pure: ``clock`` (seconds, monotonic) is injectable."""
+
+    def __init__(self, interval_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic):
+        if interval_s < 0:
+            raise ValueError("interval_s must not be negative")
+        self.interval_s = interval_s
+        self._clock = clock
+        self._logged_at: float | None = None
+        self._count = 0  # occurrences since the last logged one
+
+    def occurred(self) -> int | None:
+        """One more occurrence: None to stay quiet, else how many occurrences the line reports
+        (1 the first time; after a quiet interval, this one and those kept quiet)."""
+        now = self._clock()
+        self._count += 1
+        if self._logged_at is not None and now - self._logged_at < self.interval_s:
+            return None
+        count, self._count, self._logged_at = self._count, 0, now
+        return count
+
+    def reset(self) -> int:
+        """The condition ended: returns how many occurrences were kept quiet since the last line."""
+        quiet, self._count, self._logged_at = self._count, 0, None
+        return quiet

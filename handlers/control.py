@@ -1,4 +1,7 @@
-"""Admin commands in the leader's control topic: /status, /cleanup, /mode, /forget, /help (owners only)."""
+"""Admin commands in the leader's control topic: /status, /cleanup, /mode, /forget, /help (owners only).
+
+An agent topic's reserved command (/interrupt, /kill, /eof, /screen, /queue, /drop) typed here is answered
+with where it works (:func:`elsewhere_text`): it acts on one agent, so it belongs in that agent's topic."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from telegram.ext import Application, CommandHandler, ContextTypes
 from topicbus.core.board import render_board
 from topicbus.core.display import DisplayMode
 from topicbus.handlers.filters import InThread, owner_messages
+from topicbus.leader.agent_commands import RESERVED_COMMANDS
 from topicbus.leader.control import ControlDesk, DisplayModeRefused
 from topicbus.leader.notices import Notices
 from topicbus.leader.status import StatusView
@@ -45,6 +49,22 @@ def help_text(grace_s: float) -> str:
         "terminal), /queue and /drop act on the agent; everything else goes to it, and //text sends the "
         "literal /text.\n\n" + deletion_rules(grace_s)
     )
+
+
+AGENT_COMMAND_EFFECTS = {
+    "interrupt": "interrupts that agent's program (Ctrl-C)",
+    "kill": "ends that agent's program (SIGTERM, then SIGKILL after 5 s)",
+    "eof": "closes that agent's input (Ctrl-D)",
+    "screen": "sends a picture of that agent's terminal (an agent started with follow --pty)",
+    "queue": "lists the messages waiting for that agent",
+    "drop": "discards the messages waiting for that agent",
+}
+
+
+def elsewhere_text(command: str) -> str:
+    """The answer to an agent topic's command typed in the control topic: where it works."""
+    return (f"/{command} works in an agent's topic: type it there, and it {AGENT_COMMAND_EFFECTS[command]}. "
+            "Here: /status, /cleanup, /mode, /forget, /help.")
 
 
 def register(app: Application, *, desk: ControlDesk, status: StatusView, control: ControlTopic, notices: Notices,
@@ -116,3 +136,11 @@ def register(app: Application, *, desk: ControlDesk, status: StatusView, control
     app.add_handler(CommandHandler("mode", mode, filters=where), group=0)
     app.add_handler(CommandHandler("forget", forget, filters=where), group=0)
     app.add_handler(CommandHandler("help", help_, filters=where), group=0)
+
+    async def elsewhere(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        message = update.message
+        if message is None or not message.text:
+            return
+        await answer(elsewhere_text(message.text.split(maxsplit=1)[0][1:].split("@", 1)[0].lower()))
+
+    app.add_handler(CommandHandler(list(RESERVED_COMMANDS), elsewhere, filters=where), group=0)

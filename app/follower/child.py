@@ -5,6 +5,8 @@
   stderr its own pipe, ``merge`` shares stdout's, ``inherit`` leaves it on follow's stderr) or on a
   pseudo-terminal (``os.openpty``, window size set with ``TIOCSWINSZ``, the terminal made the child's
   controlling terminal).
+* The child starts with SIGINT, SIGQUIT, SIGTSTP and SIGPIPE at their defaults and no signal
+  blocked, whatever follow inherited (an ignored SIGINT would make ``/interrupt`` do nothing).
 * :class:`Child` owns the parent's ends: the output descriptors (read by :class:`FdReader`), the
   :class:`StdinWriter`, and the controls: :meth:`Child.interrupt` (SIGINT to the process group, or
   the terminal's interrupt character — Ctrl-C — under a pty), :meth:`Child.eof` (stdin closed, or
@@ -248,12 +250,22 @@ class Child:
         return bool(lflag & termios.ECHO) or not (lflag & termios.ICANON)
 
 
+# The signals a terminal gives a program with their default dispositions. An ignored signal survives
+# exec: a `follow` started with SIGINT ignored (from a script, `nohup`, `( … & )`) would pass that on,
+# and a shell keeps for its own children what it found ignored, so `/interrupt` would do nothing.
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGPIPE)
+
+
 def _in_child(pty: bool) -> Callable[[], None]:
-    """What runs in the child between fork and exec (after setsid): SIGTERM when follow dies
-    (even by SIGKILL: the child is in its own session, so no terminal signal reaches it), and under
-    a pty the terminal (fd 0) becomes its controlling terminal."""
+    """What runs in the child between fork and exec (after setsid): the terminal's signals as a
+    terminal gives them (:data:`TERMINAL_SIGNALS` back to their defaults, no signal blocked),
+    SIGTERM when follow dies (even by SIGKILL: the child is in its own session, so no terminal
+    signal reaches it), and under a pty the terminal (fd 0) becomes its controlling terminal."""
 
     def setup() -> None:
+        for signum in TERMINAL_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if pty:

@@ -160,6 +160,7 @@ class FollowerClient(BusConnection):
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 5.0,
         backlog_wait_s: float = 60.0,
+        warning_interval_s: float = 60.0,
         build: str = "topicbus-follower/1",
         ca_file: str | os.PathLike[str] | None = None,
     ):
@@ -187,6 +188,7 @@ class FollowerClient(BusConnection):
             pid=os.getpid() if pid is None else pid, instance_id=instance_id,
             heartbeat_interval_s=heartbeat_interval_s, request_timeout_s=request_timeout_s,
             backoff_initial_s=backoff_initial_s, backoff_max_s=backoff_max_s, build=build,
+            warning_interval_s=warning_interval_s,
         )
         # wss:// and https:// verify the leader's certificate; ``ca_file`` trusts a private CA or a
         # self-signed certificate (TOPICBUS_BUS_CA_FILE / ``follow --ca-file``).

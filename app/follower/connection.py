@@ -24,6 +24,7 @@ from loguru import logger
 
 from topicbus.follower.identity import liveness_identity, register_secret
 from topicbus.follower.model import Assignment, FollowerClosed, FollowerError, FollowerRefused, FollowerSuperseded
+from topicbus.logsetup import RepeatedWarning
 from topicbus.protocol import (
     MAX_FRAME_BYTES,
     Ack,
@@ -98,6 +99,7 @@ class BusConnection:
         backoff_initial_s: float,
         backoff_max_s: float,
         build: str,
+        warning_interval_s: float = 60.0,
     ):
         self._url = leader_url
         self._secret = secret
@@ -113,6 +115,7 @@ class BusConnection:
         self._backoff_initial = backoff_initial_s
         self._backoff_max = max(backoff_max_s, backoff_initial_s)
         self._new_backoff()  # a ValueError for impossible settings now, not in a background task
+        self._unreachable_warning = RepeatedWarning(warning_interval_s)  # "cannot reach the leader"
         self._capabilities = capabilities
         self._protocol = follower_identity(build, capabilities)
         self._host_id, self._birth_id = liveness_identity(pid)
@@ -237,10 +240,12 @@ class BusConnection:
                     return
                 logger.info("follower: leader not ready (HTTP {}); retrying", exc.status)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                logger.warning("follower: cannot reach the leader at {} ({}): is `topicbus leader` running there? "
-                               "Start it, or point --leader / TOPICBUS_LEADER_URL at it; retrying",
-                               self._url, type(exc).__name__)
+                self._unreachable(type(exc).__name__)
             else:
+                quiet = self._unreachable_warning.reset()
+                if quiet:
+                    logger.info("follower: reached the leader at {} ({} more failed attempts since the last "
+                                "warning)", self._url, quiet)
                 try:
                     registered = await self._serve(ws)
                 except Exception as exc:  # keep the follower alive whatever happens
@@ -250,6 +255,19 @@ class BusConnection:
             if registered:
                 backoff.reset()
             await asyncio.sleep(backoff.next())
+
+    def _unreachable(self, error: str) -> None:
+        """A failed attempt to reach the leader: warned the first time, then once per
+        ``warning_interval_s`` with a count (every retry is logged at DEBUG)."""
+        count = self._unreachable_warning.occurred()
+        if count is None:
+            logger.debug("follower: cannot reach the leader at {} ({}); retrying", self._url, error)
+        elif count == 1:
+            logger.warning("follower: cannot reach the leader at {} ({}): is `topicbus leader` running there? "
+                           "Start it, or point --leader / TOPICBUS_LEADER_URL at it; retrying", self._url, error)
+        else:
+            logger.warning("follower: still cannot reach the leader at {} ({}): {} failed attempts since the last "
+                           "warning; retrying", self._url, error, count)
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
         assert self._session is not None

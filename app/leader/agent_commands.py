@@ -11,6 +11,8 @@ without ``@thisbot`` (:func:`parse_reserved`); everything else reaches the agent
   update after the leader was down), nor one typed before the live follower registered (it was
   meant for an earlier process: after a leader crash the same update is fetched again, and a
   successor must not get the ``/kill`` of its predecessor);
+* ``/kill`` is answered as soon as it is handed to the follower (:data:`KILL_SENT_TEXT`: the
+  follower sends SIGTERM, then SIGKILL after 5 s), so the topic is not silent until the exit notice;
 * when it is not sent (agent offline, no ``control-v1``, too old, meant for an earlier process;
   for ``/screen`` no ``screen-v1``: the agent does not run on a terminal), the topic is told why.
   Each one has its own delivery id (``c-…``); the follower's receipt changes nothing on the leader.
@@ -41,6 +43,7 @@ from topicbus.storage.journal import JournalItem, JournalRepository
 
 CONTROL_ACTIONS = ("interrupt", "kill", "eof", "screen")
 RESERVED_COMMANDS = (*CONTROL_ACTIONS, "queue", "drop")
+KILL_SENT_TEXT = "⏳ SIGTERM sent; SIGKILL in 5 s if it does not exit"
 CONTROL_TTL_MS = 60_000  # a control typed longer ago than this is never sent
 CLOCK_SLACK_MS = 2_000  # Telegram dates are whole seconds, and its clock is not ours
 QUEUE_LINES = 15  # entries /queue lists: the oldest; the count covers all of them
@@ -250,6 +253,8 @@ class AgentCommands:
         if outcome.sent:
             self.sent += 1
             log.info("/{} sent to the agent of {}", action, binding_key)
+            if action == "kill" and notify:  # follow waits TERMINATE_GRACE_S: say so now, not in 5 s
+                await self._notices.post(binding_key, KILL_SENT_TEXT)
         else:
             log.info("/{} not sent to the agent of {} ({})", action, binding_key, outcome.reason)
             if notify:

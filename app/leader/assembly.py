@@ -169,6 +169,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
     (default: once, raising on failure); it returns False when the term should not go on."""
     s = services
     authority = s.term.authority()
+    await s.router.end_departed_streams()  # before the first send: a departed follower's last words notify
     s.outbound.start()  # every Telegram call below (replay, the control topic) goes through it
     await s.preferences.load()
     s.display.startup.begin()

@@ -118,6 +118,20 @@ class Router:
         for binding_key, group in await self.journal.gathering_groups():
             self._schedule_seal(binding_key, group)
 
+    async def end_departed_streams(self) -> None:
+        """A new term, before the outbound scheduler sends anything: output still queued for a follower's binding that has no owner is the end of a stream whose
+        follower left (gracefully, after its exit notice, or proven dead) under the previous leader,
+        which died before posting it. It goes as that leader would have sent it: one notifying
+        message where it fits, so no ``✓`` line repeats the exit notice after a restart."""
+        pending = await self.outbox.pending_binding_keys()
+        if not pending:
+            return
+        owned = {owner.binding_key for owner in await self._bindings.owners()}
+        for binding_key in sorted(pending - owned):
+            binding = await self._bindings.get(binding_key)
+            if binding is not None and binding.kind == "follower" and binding.has_live_topic:
+                self._outbound.stream_ends(binding.chat_id, binding.thread_id)
+
     async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
                                   payload: dict[str, Any], *, media_group: str | None = None) -> RouteResult:
         """Journal one owner item (message, media, edit) for the binding of its topic, then deliver

@@ -44,6 +44,14 @@ def _limit_open_files(n: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
 
 
+def _before_exec(open_files: int | None, ignored_signals: tuple[int, ...]) -> None:
+    """In the child before exec: ``ulimit -n``, and signals ignored as ``trap "" SIG`` or ``nohup`` leave them."""
+    if open_files is not None:
+        _limit_open_files(open_files)
+    for signum in ignored_signals:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -117,11 +125,14 @@ class Cluster:
         env.update(extra)
         return env
 
-    async def spawn(self, name: str, args: list[str], *, open_files: int | None = None, **env: str) -> Proc:
-        """Start ``topicbus ARGS``; ``open_files`` lowers its file descriptor limit (``ulimit -n``)."""
+    async def spawn(self, name: str, args: list[str], *, open_files: int | None = None,
+                    ignored_signals: tuple[int, ...] = (), **env: str) -> Proc:
+        """Start ``topicbus ARGS``; ``open_files`` lowers its file descriptor limit (``ulimit -n``);
+        ``ignored_signals`` start it with those signals ignored (as a script's ``trap ""`` would)."""
         log_path = self.tmp / f"{name}-{len(self.procs)}.log"
         log = open(log_path, "wb")  # noqa: SIM115 - the child owns it
-        limit = None if open_files is None else functools.partial(_limit_open_files, open_files)
+        limit = (None if open_files is None and not ignored_signals
+                 else functools.partial(_before_exec, open_files, ignored_signals))
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "topicbus", *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
             env=self.env(**env), cwd=str(self.tmp), start_new_session=True, preexec_fn=limit)

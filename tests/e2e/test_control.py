@@ -74,3 +74,40 @@ async def test_topic_service_messages_update_the_store(cluster: Cluster, tmp_pat
 
 async def _state(binding, expected: str) -> bool:
     return (await binding())["topicState"] == expected
+
+
+STUBBORN_AGENT = """
+import signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("stubborn ready", flush=True)
+for line in sys.stdin:
+    print("echo: " + line.rstrip(), flush=True)
+"""
+
+
+async def test_every_agent_command_answers_in_the_control_topic_and_kill_answers_at_once(cluster: Cluster,
+                                                                                         tmp_path):
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    work = tmp_path / "stubborn"
+    follower = await cluster.start_follower(work, script=STUBBORN_AGENT, TOPICBUS_THREAD_CLEANUP="false")
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "stubborn ready")
+    control = (await cluster.status())["controlThreadId"]
+
+    # An agent topic's command typed in the control topic says where it works.
+    for command in ("interrupt", "kill", "eof", "queue", "drop"):
+        before = len(cluster.texts_in(control))
+        cluster.fake.push_message(CHAT_ID, f"/{command}", thread_id=control, from_id=OWNER_ID)
+        await cluster.wait_for(lambda: len(cluster.texts_in(control)) > before, message=f"answer to /{command}")
+        answer = cluster.texts_in(control)[before]
+        assert answer.startswith(f"/{command} works in an agent's topic"), answer
+    assert follower.process.returncode is None  # nothing reached the agent
+
+    # /kill answers as soon as it is sent, not only with the exit notice 5 s later.
+    cluster.fake.push_message(CHAT_ID, "/kill", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "⏹ killed by SIGKILL", timeout=30)
+    texts = cluster.texts_in(thread)
+    sent = [i for i, text in enumerate(texts) if "⏳ SIGTERM sent; SIGKILL in 5 s if it does not exit" in text]
+    ended = [i for i, text in enumerate(texts) if "⏹ killed by SIGKILL" in text]
+    assert len(sent) == 1 and sent[0] < ended[0], texts

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests.e2e.harness import CHAT_ID, Cluster
+from tests.e2e.harness import CHAT_ID, OWNER_ID, Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -97,3 +97,50 @@ async def test_an_agent_back_within_the_grace_keeps_its_topic(cluster: Cluster, 
                            message="the second run in the same topic")
     assert not cluster.fake.topic(CHAT_ID, thread).deleted
     assert cluster.fake.calls_to("closeForumTopic") == [] and cluster.fake.calls_to("deleteForumTopic") == []
+
+
+LEAVES_ON_CUE = textwrap.dedent("""
+    import os, sys, time
+    print("agent ready", flush=True)
+    while not os.path.exists("cue"):  # a file, not a message: an owner's message would end the stream itself
+        time.sleep(0.05)
+    print("leaving", flush=True)
+    sys.exit(3)
+""")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+async def test_the_exit_notice_is_posted_once_when_the_leader_restarts_before_posting_it(cluster: Cluster,
+                                                                                          tmp_path, stop):
+    # The agent's last line and follow's exit notice reach the outbox, follow leaves gracefully, and
+    # the leader stops before it posted them (Telegram held it back). The next leader posts them as
+    # the end of that stream: its last message notifies, and no `✓ ⏹ exited …` line repeats the notice.
+    leader = await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    work = tmp_path / "leaver"
+    follower = await cluster.start_follower(work, script=LEAVES_ON_CUE, TOPICBUS_THREAD_CLEANUP="false")
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+    held = lambda p: p.get("message_thread_id", thread) == thread and "leaving" in str(p.get("text"))  # noqa: E731
+    for method in ("sendMessage", "editMessageText"):  # a new message, or the live one grown by an edit
+        cluster.fake.fail_next(method, status=429, retry_after=600, when=held)
+    (work / "cue").write_text("")
+    assert await follower.wait(timeout=30) == 3  # everything handed over; the leader holds it
+    await cluster.wait_for(lambda: any("leaving" in str(c.params.get("text")) for c in cluster.fake.calls
+                                       if c.status == 429), message="the leader's attempt, refused (429)")
+    for method in ("sendMessage", "editMessageText"):
+        cluster.fake.clear_faults(method)
+    assert "leaving" not in "\n".join(cluster.texts_in(thread))
+    leader.kill(stop)
+    await leader.wait(timeout=30)
+
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_text(thread, "⏹ exited with code 3 after ", timeout=30)
+    [notice] = [m for m in cluster.fake.messages_in(CHAT_ID, thread) if "⏹ exited" in (m.text or "")]
+    assert notice.silent is False, [(m.text, m.silent) for m in cluster.fake.messages_in(CHAT_ID, thread)]
+    assert "leaving" in "\n".join(cluster.texts_in(thread))
+    # The last words notified, so nothing is owed: a later quiet period brings no `✓` line. An owner
+    # message answered by nobody (the agent is gone) is told so; the topic then holds one exit notice.
+    cluster.fake.push_message(CHAT_ID, "anyone?", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "offline", timeout=30)
+    assert sum("⏹ exited" in text for text in cluster.texts_in(thread)) == 1, cluster.texts_in(thread)

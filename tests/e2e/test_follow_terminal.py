@@ -3,6 +3,7 @@ programs (a Python script, Python's REPL on a pty): what the topic shows."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
 
@@ -154,6 +155,31 @@ async def test_interrupt_colours_and_progress_through_the_leader(cluster: Cluste
     shown = "\n".join(cluster.fake.visible_lines(CHAT_ID, thread))
     assert "READY" in shown and not any(ch in shown for ch in "\x1b\r\b")
     assert [line.strip() for line in shown.splitlines() if "%" in line] == ["[##########] 100%"]
+
+
+@pytest.mark.parametrize("pty", [False, True], ids=["pipe", "pty"])
+async def test_interrupt_works_although_follow_was_started_with_sigint_ignored(cluster: Cluster, tmp_path,
+                                                                                 pty: bool):
+    # A script, `nohup` or `( … & )` starts follow with SIGINT ignored; bash keeps for its children
+    # what it found ignored. The child must start with the terminal's signals at their defaults.
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    work = tmp_path / ("ignint-pty" if pty else "ignint-pipe")
+    work.mkdir()
+    shell = ["bash", "--norc", "--noprofile", *(["-i"] if pty else [])]
+    await cluster.spawn(f"follow-{work.name}", ["follow", "--cwd", str(work), *(["--pty"] if pty else []), "--",
+                                                *shell], ignored_signals=(signal.SIGINT, signal.SIGQUIT))
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    cluster.fake.push_message(CHAT_ID, "echo started-$((6*7)); sleep 120; echo slept-$((6*7))",
+                              thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "started-42")
+    cluster.fake.push_message(CHAT_ID, "/interrupt", thread_id=thread, from_id=OWNER_ID)
+    if pty:  # an interactive shell survives Ctrl-C and takes the next command at once
+        cluster.fake.push_message(CHAT_ID, "echo after-$((6*7))", thread_id=thread, from_id=OWNER_ID)
+        await cluster.wait_text(thread, "after-42", timeout=30)
+    else:  # a shell script dies with its interrupted command, as it does on a terminal
+        await cluster.wait_text(thread, "⏹ killed by SIGINT", timeout=30)
+    assert not any("slept-42" in text for text in cluster.texts_in(thread))
 
 
 async def test_a_program_that_ends_by_itself_ends_its_topic_with_one_notifying_notice(cluster: Cluster, tmp_path):

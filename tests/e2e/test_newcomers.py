@@ -144,6 +144,12 @@ async def test_follow_while_the_leader_is_down_names_the_url_and_what_to_start(c
     url = f"ws://127.0.0.1:{cluster.port}/v1/bus"
     await cluster.wait_for(lambda: f"cannot reach the leader at {url}" in follower.log(), message="the hint")
     assert "is `topicbus leader` running there? Start it" in follower.log()
+    # Several retries later (0.2 s, 0.4 s, … apart; each at DEBUG), still that one warning: the next
+    # comes a minute after it, with a count.
+    attempts = lambda: [line for line in follower.log().splitlines() if "cannot reach the leader at" in line]  # noqa: E731
+    await cluster.wait_for(lambda: len(attempts()) >= 5, timeout=30, message="five failed attempts")
+    warnings = [line for line in attempts() if "| WARNING |" in line]
+    assert len(warnings) == 1, attempts()
     follower.kill()
 
 

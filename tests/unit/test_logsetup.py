@@ -420,3 +420,23 @@ def test_broken_stream_never_raises_and_loguru_error_report_is_redacted(capsys):
     assert err.count("Logging error in Loguru Handler") == 2  # loguru reported both failures...
     assert f"into a closed stream {REDACTED}" in err and f"still fine {REDACTED}" in err
     assert TOKEN not in err  # ...with the scrubbed record
+
+
+def test_a_repeated_warning_is_logged_the_first_time_then_once_an_interval_with_a_count():
+    now = [1000.0]
+    warning = logsetup.RepeatedWarning(60.0, clock=lambda: now[0])
+    said = []
+    for _ in range(20):  # a retry every 3 s for 57 s: only the first is logged
+        said.append(warning.occurred())
+        now[0] += 3.0
+    assert said == [1] + [None] * 19
+    assert warning.occurred() == 20  # 60 s after the first line: this one and the 19 kept quiet
+    now[0] += 59.9
+    assert warning.occurred() is None
+    now[0] += 0.1
+    assert warning.occurred() == 2
+    now[0] += 1.0
+    assert warning.occurred() is None
+    assert warning.reset() == 1  # the condition ended: one occurrence was never reported
+    assert warning.occurred() == 1  # a new outage is told at once
+    assert warning.reset() == 0
