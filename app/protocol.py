@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from topicbus.capabilities import (  # noqa: F401 - re-exported: the protocol is defined in one place
     CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT, CAP_FORMAT, CAP_MEDIA, CAP_PHOTO,
+    CAP_SCREEN_FRAMES,
     CAP_SEND, CAP_TRANSCRIPT, DELIVERY_CAPABILITIES, DELIVERY_FIELD_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES,
     LEADER_CAPABILITIES, LEADER_V1_CAPABILITIES, MESSAGE_ITEM,
     REQUIRED_FOLLOWER_CAPABILITIES, SEND_BASE_FIELDS, SEND_FIELD_CAPABILITIES, SEND_TYPE_CAPABILITIES,
@@ -165,6 +166,9 @@ class TextMessage(_Strict):
     format: TextFormat | None = None  # needs format-v1; None: plain
     buttons: Annotated[list[Annotated[list[Button], Field(min_length=1, max_length=MAX_BUTTONS_PER_ROW)]],
                        Field(min_length=1, max_length=MAX_BUTTON_ROWS)] | None = None  # needs buttons-v1
+    # needs screen-frames-v1: this text is the latest frame of a full-screen program; it replaces the
+    # topic's screen message (edited in place), and only the newest pending frame is sent.
+    screen: bool | None = None
 
 
 class ChatActionMessage(_Strict):
