@@ -6,6 +6,8 @@ see (:class:`~topicbus.follower.output.LineCleaner` per stream in pipe mode,
 :class:`~topicbus.follower.terminal.ScreenRenderer` under a pty) and feeds an
 :class:`~topicbus.follower.output.OutputBatcher`. :meth:`OutputCapture.post_loop` takes batches
 and posts them until the output has ended (:meth:`OutputCapture.finish`) and every batch is posted.
+A full-screen program's frames (:meth:`ScreenRenderer.take_frame`) are posted with ``post_frame``, in
+order with the batches (text before a frame goes first); only the newest frame not yet posted is kept.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class OutputCapture:
         self._readers: list[FdReader] = []
         self._open = 0
         self._all_closed = asyncio.Event()
+        self._frame: str | None = None  # a full-screen program's newest frame, not posted yet
         streams = [("stdout", child.stdout_fd)]
         if child.stderr_fd is not None:
             streams.append(("stderr", child.stderr_fd))
@@ -162,6 +165,9 @@ class OutputCapture:
         quiet_for = now - self.last_output_at
         cause = self._drop_cause()
         if self.renderer is not None:
+            frame = self.renderer.take_frame(quiet_for, now, force=force)
+            if frame is not None:
+                self._frame = frame
             self.batcher.feed(self.renderer.take_partial(quiet_for, now, force=force), self.last_output_at,
                               drop_cause=cause)
             return
@@ -180,21 +186,33 @@ class OutputCapture:
         due = [t for t in times if t is not None and t > self._loop.time()]
         return min(due) if due else None
 
-    async def post_loop(self, post: Callable[[str, bool], Awaitable[None]]) -> None:
+    async def post_loop(self, post: Callable[[str, bool], Awaitable[None]],
+                        post_frame: Callable[[str], Awaitable[None]] | None = None) -> None:
         """Post batches with ``post(text, last)`` (``last``: nothing else is pending, the output
-        paused there) until :meth:`finish` was called and everything is posted."""
+        paused there), and frames with ``post_frame(text)`` (without it, as batches), until
+        :meth:`finish` was called and everything is posted."""
         watcher = asyncio.create_task(self._watch_hold(), name="follow-backpressure")
         try:
-            await self._post_all(post)
+            await self._post_all(post, post_frame)
         finally:
             watcher.cancel()
 
-    async def _post_all(self, post: Callable[[str, bool], Awaitable[None]]) -> None:
+    async def _post_all(self, post: Callable[[str, bool], Awaitable[None]],
+                        post_frame: Callable[[str], Awaitable[None]] | None = None) -> None:
         while True:
             self._wake.clear()
             now = self._loop.time()
             if not self._ended:
                 self._take_partials(now)
+            if self._frame is not None:
+                if self.batcher.has_pending:  # what the program printed before the frame goes first
+                    await post(self.batcher.take() or "", False)
+                frame, self._frame = self._frame, None
+                if post_frame is not None:
+                    await post_frame(frame)
+                else:
+                    await post(frame, False)
+                continue
             if self.batcher.ready(now) or (self._ended and self.batcher.has_pending):
                 batch = self.batcher.take() or ""
                 await post(batch, not self.batcher.has_pending)

@@ -10,6 +10,9 @@ pyte, not by us) and turns the screen into posts:
 * **Screen mode** (full-screen programs, ``clear``, multi-line progress): when the program moves
   the cursor back into rows already posted, the whole screen is posted as a snapshot instead, at
   most every ``snapshot_interval_s``; line mode resumes below the snapshot.
+* **Screen sessions** (a program on the alternate screen, or one that cleared the whole screen):
+  nothing is posted line by line; :meth:`ScreenRenderer.take_frame` gives the whole screen when it is
+  a complete frame (:mod:`~topicbus.follower.screen_frames`), for the topic's one screen message.
 * **Echo**: what follow typed into the terminal is expected back as echo (from the terminal, or
   from readline); a final row that ends with the next expected input line loses that text, so your
   own message is not posted back to you.
@@ -22,6 +25,8 @@ from collections import deque
 import pyte
 from pyte.screens import Margins
 from wcwidth import wcwidth
+
+from topicbus.follower.screen_frames import ALTERNATE_SCREEN_MODES, SYNCHRONIZED_UPDATE_MODE, ScreenSession
 
 __all__ = ["ScreenRenderer"]
 
@@ -46,9 +51,13 @@ def _render(line, columns: int) -> str:
 
 
 class _Screen(pyte.Screen):
-    """A pyte screen that keeps the rows scrolling off its top (when no scroll region is set)."""
+    """A pyte screen that keeps the rows scrolling off its top (when no scroll region is set), and
+    tells its :class:`ScreenSession` of the alternate screen, erasures and synchronized updates."""
+
+    render_row = staticmethod(_render)
 
     def __init__(self, columns: int, lines: int):
+        self.session = ScreenSession()
         super().__init__(columns, lines)
         self.scrolled: list[str] = []  # rows scrolled off and not yet collected
         self.scroll_count = 0  # rows scrolled off since the start
@@ -68,9 +77,34 @@ class _Screen(pyte.Screen):
                     break
         super().draw(data)
 
+    def set_mode(self, *modes, **kwargs) -> None:
+        if kwargs.get("private"):
+            for mode in modes:
+                if mode in ALTERNATE_SCREEN_MODES:
+                    self.session.enter_alternate(self)
+                elif mode == SYNCHRONIZED_UPDATE_MODE:
+                    self.session.synchronized = True
+        super().set_mode(*modes, **kwargs)
+
+    def reset_mode(self, *modes, **kwargs) -> None:
+        if kwargs.get("private"):
+            for mode in modes:
+                if mode in ALTERNATE_SCREEN_MODES:
+                    self.session.leave_alternate(self)
+                elif mode == SYNCHRONIZED_UPDATE_MODE and self.session.synchronized:
+                    self.session.synchronized = False
+                    self.session.update_ended = True
+        super().reset_mode(*modes, **kwargs)
+
+    def erase_in_display(self, how: int = 0, *args, **kwargs) -> None:
+        if how in (2, 3):
+            self.session.erased()
+        super().erase_in_display(how, *args, **kwargs)
+
     def index(self) -> None:
         top, bottom = self.margins or Margins(0, self.lines - 1)
         if self.cursor.y == bottom and top == 0:
+            self.session.scrolled_off(self)
             self.scrolled.append(_render(self.buffer[0], self.columns))
             self.scroll_count += 1
         super().index()
@@ -114,6 +148,8 @@ class ScreenRenderer:
         """Apply the child's output; return the text of rows that became final (each ends in ``\\n``)."""
         self.screen.floor = self._posted
         self.stream.feed(data)
+        if self._in_session(now):
+            return ""
         if self._cursor_abs() < self._posted or self.screen.rewrote or self._screen_mode:
             self.screen.rewrote = False
             if not self._screen_mode:
@@ -128,6 +164,8 @@ class ScreenRenderer:
         """What is due after ``quiet_for`` seconds without output: in line mode the cursor's row
         (``quiet_s``, or ``redraw_quiet_s`` while redrawn); in screen mode a snapshot (not more
         often than every ``snapshot_interval_s``). ``force``: everything now (the child exited)."""
+        if self.screen.session.active:
+            return ""  # a screen session: frames (take_frame), not rows
         if self._screen_mode:
             return self._snapshot(quiet_for, now, force)
         limit = self.redraw_quiet_s if self.screen.redrawn else self.quiet_s
@@ -142,7 +180,10 @@ class ScreenRenderer:
         return fresh
 
     def next_due(self, last_output_at: float) -> float | None:
-        """When :meth:`take_partial` may next have something (None: not before new output)."""
+        """When :meth:`take_partial` or :meth:`take_frame` may next have something (None: not before new
+        output)."""
+        if self.screen.session.active or self.screen.session.ending:
+            return self.screen.session.due_at(last_output_at)
         if self._screen_mode:
             if not self._dirty:
                 return None
@@ -155,7 +196,31 @@ class ScreenRenderer:
             return None
         return last_output_at + (self.redraw_quiet_s if self.screen.redrawn else self.quiet_s)
 
+    def take_frame(self, quiet_for: float, now: float, *, force: bool = False) -> str | None:
+        """A full-screen program's screen, when it is a new complete frame (see
+        :mod:`~topicbus.follower.screen_frames`); ``force``: the child exited, its screen as it is."""
+        return self.screen.session.take(self.screen, quiet_for, now, force=force)
+
     # ---- internals -------------------------------------------------------------------------------
+
+    def _in_session(self, now: float) -> bool:
+        """After a feed: True while a screen session draws (its rows are not posted as lines)."""
+        session = self.screen.session
+        if session.active:
+            session.changed(now)
+            self._screen_mode = False
+            self._dirty = False
+            self.screen.rewrote = False
+            self.screen.scrolled.clear()
+            return True
+        if session.ending and not session.restored:
+            # A cleared screen that scrolls again: its rows went out in the final frame; lines follow.
+            self._posted = min(session.end_row, self._cursor_abs())
+            self._posted_cols = 0
+            self.screen.rewrote = False
+            session.restored = True
+        return False
+
 
     def _cursor_abs(self) -> int:
         return self.screen.scroll_count + self.screen.cursor.y
