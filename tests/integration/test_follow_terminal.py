@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from topicbus.protocol import CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, LEADER_CAPABILITIES, LEADER_V1_CAPABILITIES
+from topicbus.protocol import (CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_FORMAT, CAP_SCREEN_FRAMES, LEADER_CAPABILITIES,
+                               LEADER_V1_CAPABILITIES)
 from tests.fakeleader import FakeLeader
 from tests.support.waiting import wait_until
 
@@ -499,3 +500,36 @@ def _blocked_writing(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state == "S" and syscall == str(_WRITE_SYSCALL[platform.machine()])
+
+
+SMALL_DASHBOARD = """
+    import sys, time
+    sys.stdout.write("\\x1b[?1049h")
+    for n in range(4):
+        sys.stdout.write("\\x1b[H\\x1b[2JDASHBOARD header\\r\\n\\r\\ncounter %d" % n)
+        sys.stdout.flush()
+        time.sleep(1.2)
+    sys.stdout.write("\\x1b[?1049l")
+    sys.stdout.flush()
+"""
+
+
+@pytest.mark.parametrize("frames", [True, False], ids=["screen-frames-v1", "older-leader"])
+async def test_a_full_screen_program_sends_frames_only_to_a_leader_that_takes_them(
+        leader: FakeLeader, follow, frames: bool) -> None:
+    if frames:
+        leader.capabilities = leader.capabilities | {CAP_FORMAT, CAP_SCREEN_FRAMES}
+    proc = await follow("--pty", script=SMALL_DASHBOARD)
+    assert await proc.wait(timeout=30) == 0
+    await wait_text(leader, "⏹ exited with code 0")
+    shown = [m for m in leader.outbox_items if m.get("type") == "text" and "DASHBOARD" in m["text"]]
+    assert shown, leader.sent_texts()
+    assert shown[-1]["text"].splitlines()[0] == "DASHBOARD header"  # the whole screen, its first row too
+    assert shown[-1]["text"].splitlines()[-1] == "counter 3"  # the final frame
+    if frames:
+        assert all(m.get("screen") is True and m.get("format") == "pre" for m in shown)
+        assert len(shown) >= 3  # a new frame a second: the leader keeps only the newest
+        assert [m["text"] for m in leader.outbox_items if "DASHBOARD" not in m.get("text", "")][:-1] == []
+    else:
+        assert not any("screen" in m for m in leader.outbox_items)  # never a field this leader did not advertise
+        assert len(shown) <= 3  # snapshots at most every 3 s
