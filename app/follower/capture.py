@@ -58,6 +58,7 @@ class OutputCapture:
         self._open = 0
         self._all_closed = asyncio.Event()
         self._frame: str | None = None  # a full-screen program's newest frame, not posted yet
+        self._after_frame = ""  # rows that became final after that frame (they go after it)
         streams = [("stdout", child.stdout_fd)]
         if child.stderr_fd is not None:
             streams.append(("stderr", child.stderr_fd))
@@ -75,7 +76,13 @@ class OutputCapture:
         self.last_output_at = now
         cause = self._drop_cause()
         if self.renderer is not None:
-            self.batcher.feed(self.renderer.feed(data, now), now, drop_cause=cause)
+            text = self.renderer.feed(data, now)
+            if self.renderer.screen.session.ending:  # the screen's final frame, before what follows it
+                self._frame = self.renderer.take_frame(0.0, now) or self._frame
+            if self._frame is not None:
+                self._after_frame += text  # posted once the frame went, in order
+            else:
+                self.batcher.feed(text, now, drop_cause=cause)
         else:
             text = self._decoders[stream].decode(data)
             cleaned = self._cleaners[stream].feed(text)
@@ -168,8 +175,11 @@ class OutputCapture:
             frame = self.renderer.take_frame(quiet_for, now, force=force)
             if frame is not None:
                 self._frame = frame
-            self.batcher.feed(self.renderer.take_partial(quiet_for, now, force=force), self.last_output_at,
-                              drop_cause=cause)
+            partial = self.renderer.take_partial(quiet_for, now, force=force)
+            if self._frame is not None:
+                self._after_frame += partial
+            else:
+                self.batcher.feed(partial, self.last_output_at, drop_cause=cause)
             return
         for cleaner in self._cleaners.values():
             self.batcher.feed(cleaner.take_partial(quiet_for, force=force), self.last_output_at, drop_cause=cause)
@@ -208,6 +218,10 @@ class OutputCapture:
                 if self.batcher.has_pending:  # what the program printed before the frame goes first
                     await post(self.batcher.take() or "", False)
                 frame, self._frame = self._frame, None
+                # What followed the frame waits in the batcher (taken only after the frame went), ahead
+                # of what comes while the frame is being sent.
+                after, self._after_frame = self._after_frame, ""
+                self.batcher.feed(after, self.last_output_at, drop_cause=self._drop_cause())
                 if post_frame is not None:
                     await post_frame(frame)
                 else:

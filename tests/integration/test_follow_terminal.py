@@ -533,3 +533,32 @@ async def test_a_full_screen_program_sends_frames_only_to_a_leader_that_takes_th
     else:
         assert not any("screen" in m for m in leader.outbox_items)  # never a field this leader did not advertise
         assert len(shown) <= 3  # snapshots at most every 3 s
+
+
+CLEARS_THEN_PRINTS_LINES = """
+    import sys, time
+    sys.stdout.write("\\x1b[H\\x1b[2Jstatus board\\r\\n")
+    sys.stdout.flush()
+    time.sleep(1.5)
+    for i in range(1, 41):
+        sys.stdout.write("%d\\r\\n" % i)
+    sys.stdout.flush()
+    time.sleep(0.5)
+"""
+
+
+async def test_a_cleared_screen_that_scrolls_again_ends_with_its_frame_and_every_line_follows_in_order(
+        leader: FakeLeader, follow) -> None:
+    leader.capabilities = leader.capabilities | {CAP_FORMAT, CAP_SCREEN_FRAMES}
+    proc = await follow("--pty", script=CLEARS_THEN_PRINTS_LINES)
+    assert await proc.wait(timeout=30) == 0
+    await wait_text(leader, "⏹ exited with code 0")
+    items = [m for m in leader.outbox_items if m.get("type") == "text" and not m["text"].startswith("⏹")]
+    frames = [m for m in items if m.get("screen")]
+    assert frames and frames[0]["text"] == "status board"
+    final = frames[-1]["text"].splitlines()
+    assert final[0] == "status board"
+    after = [m["text"] for m in items[items.index(frames[-1]) + 1:]]
+    assert not any(m.get("screen") for m in items[items.index(frames[-1]) + 1:])
+    shown = [line for line in final[1:] + "\n".join(after).splitlines() if line.strip()]
+    assert shown == [str(i) for i in range(1, 41)]  # each line once, in order: the frame's, then the rest
