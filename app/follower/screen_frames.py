@@ -60,6 +60,7 @@ class ScreenSession:
         self._last_frame_at: float | None = None
         self._last_text: str | None = None
         self._saved: tuple[dict[int, Any], Any, int] | None = None  # the normal screen while on the alternate one
+        self._final: str | None = None  # the screen as the session left it (its final frame)
 
     @property
     def active(self) -> bool:
@@ -76,6 +77,7 @@ class ScreenSession:
         screen.buffer.clear()
         self.alternate = True
         self.cleared = False
+        self._last_text = None  # a new session: its first frame goes, whatever the last one showed
 
     def leave_alternate(self, screen: Any) -> None:
         """Back on the normal screen: restore it as it was; the session's final frame is due."""
@@ -97,6 +99,8 @@ class ScreenSession:
     def erased(self) -> None:
         """ED 2 / ED 3 on the normal screen: a program clears and redraws."""
         if not self.alternate:
+            if not self.cleared:
+                self._last_text = None
             self.cleared = True
 
     def scrolled_off(self, screen: Any) -> None:
@@ -115,8 +119,6 @@ class ScreenSession:
         self.dirty = True
 
     # ---- frames -------------------------------------------------------------------------------------
-
-    _final: str | None = None
 
     def due_at(self, last_output_at: float) -> float | None:
         """When :meth:`take` may have a frame (None: not before new output)."""
