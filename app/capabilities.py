@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = [
     "CAP_BUTTON", "CAP_BUTTONS", "CAP_CONTROL", "CAP_DELIVER", "CAP_DISPLAY_TITLE", "CAP_EDIT", "CAP_FORMAT",
-    "CAP_MEDIA", "CAP_PHOTO", "CAP_SCREEN", "CAP_SEND", "CAP_TAIL", "CAP_TRANSCRIPT", "CONTROL_ACTION_CAPABILITIES",
+    "CAP_MEDIA", "CAP_PHOTO", "CAP_SCREEN", "CAP_SCREEN_FRAMES", "CAP_SEND", "CAP_TAIL", "CAP_TRANSCRIPT", "CONTROL_ACTION_CAPABILITIES",
     "DELIVERY_FIELD_CAPABILITIES", "SEND_TYPE_CAPABILITIES", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES",
     "LEADER_CAPABILITIES", "LEADER_V1_CAPABILITIES",
     "MESSAGE_ITEM", "REQUIRED_FOLLOWER_CAPABILITIES", "SEND_BASE_FIELDS", "SEND_FIELD_CAPABILITIES",
@@ -34,6 +34,7 @@ CAP_FORMAT = "format-v1"  # leader: honours a send message's `format`
 CAP_BUTTONS = "buttons-v1"  # leader: honours a send message's `buttons`
 CAP_PHOTO = "photo-v1"  # leader: serves send messages of type `photo`
 CAP_TAIL = "tail-v1"  # leader: honours a send message's `tail` (a line still being redrawn: replaced by what follows)
+CAP_SCREEN_FRAMES = "screen-frames-v1"  # leader: a text send with `screen: true` replaces the topic's screen message
 
 MESSAGE_ITEM = "message"  # the delivery type every follower receives
 DELIVERY_CAPABILITIES: Mapping[str, str] = {
@@ -49,12 +50,14 @@ SEND_BASE_FIELDS: Mapping[str, frozenset[str]] = {  # what every version 1 leade
     "chatAction": frozenset({"type", "action"}),
     "document": frozenset({"type", "fileName", "dataBase64", "caption"}),
 }
-SEND_FIELD_CAPABILITIES: Mapping[str, str] = {"format": CAP_FORMAT, "buttons": CAP_BUTTONS, "tail": CAP_TAIL}
+SEND_FIELD_CAPABILITIES: Mapping[str, str] = {"format": CAP_FORMAT, "buttons": CAP_BUTTONS, "tail": CAP_TAIL,
+                                               "screen": CAP_SCREEN_FRAMES}
 #: Send message types beyond version 1's, each with the capability a leader advertises to serve it;
 #: such a type's fields are those of the named version 1 type.
 SEND_TYPE_CAPABILITIES: Mapping[str, tuple[str, str]] = {"photo": (CAP_PHOTO, "document")}
 LEADER_V1_CAPABILITIES = frozenset({CAP_DELIVER, CAP_SEND})  # what the first release advertised
-LEADER_CAPABILITIES = LEADER_V1_CAPABILITIES | {CAP_FORMAT, CAP_PHOTO, CAP_BUTTONS, CAP_TAIL}  # what this leader serves
+LEADER_CAPABILITIES = (LEADER_V1_CAPABILITIES  # what this leader serves
+                       | {CAP_FORMAT, CAP_PHOTO, CAP_BUTTONS, CAP_TAIL, CAP_SCREEN_FRAMES})
 FOLLOWER_BASE_CAPABILITIES = frozenset({CAP_DELIVER, CAP_DISPLAY_TITLE})
 REQUIRED_FOLLOWER_CAPABILITIES = frozenset({CAP_DELIVER})
 #: The follower client's local refusal of a send that uses a field the leader did not advertise.

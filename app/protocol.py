@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from topicbus.capabilities import (  # noqa: F401 - re-exported: the protocol is defined in one place
     CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT, CAP_FORMAT, CAP_MEDIA, CAP_PHOTO,
-    CAP_SCREEN, CAP_SEND, CAP_TAIL, CAP_TRANSCRIPT, CONTROL_ACTION_CAPABILITIES, DELIVERY_CAPABILITIES,
+    CAP_SCREEN, CAP_SCREEN_FRAMES, CAP_SEND, CAP_TAIL, CAP_TRANSCRIPT, CONTROL_ACTION_CAPABILITIES, DELIVERY_CAPABILITIES,
     DELIVERY_FIELD_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES,
     LEADER_CAPABILITIES, LEADER_V1_CAPABILITIES, MESSAGE_ITEM,
     REQUIRED_FOLLOWER_CAPABILITIES, SEND_BASE_FIELDS, SEND_FIELD_CAPABILITIES, SEND_TYPE_CAPABILITIES,
@@ -169,6 +169,9 @@ class TextMessage(_Strict):
     #: needs tail-v1: the current state of a line still being redrawn (a progress bar), shown at the end
     #: of the topic's live message and replaced by whatever the follower sends next
     tail: bool | None = None
+    #: needs screen-frames-v1: this text is the latest frame of a full-screen program; it replaces the
+    #: topic's screen message (edited in place), and only the newest pending frame is sent.
+    screen: bool | None = None
 
 
 class ChatActionMessage(_Strict):

@@ -4,9 +4,9 @@ Never asserts: every benchmark reports what it measured (and a failing benchmark
 error line) and the run always ends with the table. See docs/performance.md for what each figure
 means and the numbers measured on the reference machine.
 
-    python -m bench                  # full run (≈ 2–3 min on 2 cores)
+    python -m bench                  # full run (≈ 6 min on 2 cores)
     python -m bench --quick          # short run (≈ 30 s)
-    python -m bench --only inbound   # one benchmark (startup, inbound, breakdown, outbound, registration, prune, budget, downloads)
+    python -m bench --only inbound   # one benchmark (startup, inbound, breakdown, outbound, registration, prune, budget, downloads, terminal)
     python -m bench --json out.json  # also write the results as JSON
     python -m bench --only inbound --profile-leader /tmp/prof   # leaders under cProfile (.prof files)
     python -m bench --only inbound --profile-leader /tmp/prof --profiler pyinstrument   # .pyisession files
@@ -38,6 +38,7 @@ BENCHMARKS = {
     "prune": "bench.prune",            # FollowerPruner.tick() CPU cost with 26 followers
     "budget": "bench.budget",          # 1, 5, 25 chatty agents under the 20/min group limit, now vs before
     "downloads": "bench.downloads",    # leader memory while followers fetch 19 MB files over /v1/files
+    "terminal": "bench.terminal",      # follow --pty: messages and edits a minute, full screen and progress bar
 }
 
 

@@ -70,13 +70,16 @@ class OutboxRepository:
         return [TopicBacklog(r["chat_id"], r["thread_id"], r["items"], r["units"] or 0, r["head_id"]) for r in rows]
 
     async def heads(self, chat_id: int, thread_id: int | None, limit: int = 256) -> list[QueuedItem]:
-        """The oldest pending rows of one topic, without their payloads."""
+        """The oldest pending rows of one topic, without their payloads (a screen frame is told by its
+        payload's ``screen`` field: screen-frames-v1)."""
         rows = await self._db.fetch_all(
-            """SELECT id, kind, priority, units, format, has_buttons, created_at_ms FROM outbox
+            """SELECT id, kind, priority, units, format, has_buttons, created_at_ms,
+                      kind = 'text' AND json_extract(payload, '$.screen') = 1 AS screen FROM outbox
                WHERE status = 'pending' AND chat_id = ? AND thread_id IS ? ORDER BY id LIMIT ?""",
             (chat_id, thread_id, limit))
         return [QueuedItem(r["id"], r["kind"], r["units"], r["format"], Priority(r["priority"]),
-                           arrived_ms=r["created_at_ms"], has_buttons=bool(r["has_buttons"])) for r in rows]
+                           arrived_ms=r["created_at_ms"], has_buttons=bool(r["has_buttons"]),
+                           screen=bool(r["screen"])) for r in rows]
 
     async def payloads(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         if not ids:

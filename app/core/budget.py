@@ -64,9 +64,11 @@ class ChatBudget:
 
     # --- questions --------------------------------------------------------------------------------
     def ready_at(self, now: float, priority: Priority, *, spends: bool = True,
-                 pending: Sequence[float] = ()) -> float:
+                 pending: Sequence[float] = (), headroom: int = 0) -> float:
         """The earliest time a call of ``priority`` may go (``now`` or later). ``pending``: when spends
-        not counted yet began (work in progress that will spend), taken as spends made then."""
+        not counted yet began (work in progress that will spend), taken as spends made then.
+        ``headroom``: a call that can wait (a screen message's edit) goes only while the window would
+        still have room for this many more spends of ``priority`` after it."""
         cfg = self.config
         at = max(now, self._paused_until)
         last_call = max((t for t in (self._last_call, *pending) if t is not None), default=None)
@@ -77,7 +79,7 @@ class ChatBudget:
         last_spend = max((t for t in (self._last_spend, *pending) if t is not None), default=None)
         if last_spend is not None and cfg.per_second > 0:
             at = max(at, last_spend + 1.0 / cfg.per_second)
-        return max(at, self._window_ready(now, priority, len(pending)))
+        return max(at, self._window_ready(now, priority, len(pending), headroom))
 
     def used(self, now: float) -> int:
         """Spends in the current window."""
@@ -106,9 +108,10 @@ class ChatBudget:
         self.retry_after_hits += 1
         self._paused_until = max(self._paused_until, now + max(0.0, seconds))
 
-    def _window_ready(self, now: float, priority: Priority, pending: int = 0) -> float:
+    def _window_ready(self, now: float, priority: Priority, pending: int = 0, headroom: int = 0) -> float:
         """When the sliding window has room for one more spend of ``priority`` (``now`` if it has), with
-        ``pending`` spends still to be counted; infinity while only those can make room."""
+        ``pending`` spends still to be counted and ``headroom`` spends left free (at most all but one of the
+        class's limit); infinity while only those can make room."""
         cfg = self.config
         if cfg.per_minute is None:
             return now
@@ -119,6 +122,7 @@ class ChatBudget:
             limit -= max(0, cfg.reserve - reserved_spent)
         if limit <= 0:
             return float("inf")
+        limit -= min(max(0, headroom), limit - 1)
         used = len(self._spends) + pending
         if used < limit:
             return now

@@ -16,6 +16,13 @@ payloads needed) and the topic's stream state:
   everything else of a stream is silent (edits never notify), and when the stream has been quiet for
   ``quiet_ms`` it ends with one short notifying message (:class:`Ping`), so a phone buzzes once per
   answer, not once per line;
+* **screen frames** (a full-screen program's latest complete screen, screen-frames-v1): the topic has
+  one *screen message*, sent when the first frame comes (it notifies when it starts a burst) and then
+  edited in place, at most every ``edit_interval_ms``, with the newest frame waiting (older pending
+  frames are passed over). An edit leaves ``screen_headroom`` of the chat's output allowance free for
+  the other topics. Any other output ends the screen message (the next frame starts a new one below);
+  the owner speaking does not (the keys they type are the program's: its next frames, its final one,
+  still edit it); a frame followed by other output is the screen's last, edited at once;
 * a stream known to have **ended** (its follower left gracefully: ``follow`` handed over the
   program's last output and its exit notice) sends what is left as one notifying message when it
   fits in one, instead of a silent message (or edit) followed by a ping that would repeat its last
@@ -45,6 +52,7 @@ class QueuedItem:
     priority: Priority
     arrived_ms: int  # when the scheduler first saw it (its clock)
     has_buttons: bool = False
+    screen: bool = False  # a full-screen program's frame (screen-frames-v1)
 
 
 EDIT_INTERVAL_MS = 4_000  # a live message is edited at most this often (in a 60 s window)
@@ -59,6 +67,7 @@ class OutputConfig:
     edit_interval_ms: int = EDIT_INTERVAL_MS
     quiet_ms: int = 3_000
     coalesce: bool = True  # False: every item is its own notifying message (the first release's way)
+    screen_headroom: int = 4  # a screen edit leaves this many of the window's output sends to other topics
 
 
 @dataclass
@@ -75,6 +84,15 @@ class LiveMessage:
 
 
 @dataclass
+class ScreenMessage:
+    """The topic's screen message: a full-screen program's frames, edited in place."""
+
+    message_id: int
+    raw: str
+    last_edit_ms: int
+
+
+@dataclass
 class StreamState:
     """What the planner remembers of one topic between sends (in memory; a restart starts afresh)."""
 
@@ -83,6 +101,7 @@ class StreamState:
     owes_ping: bool = False  # something went out silently since the last notifying message
     last_line: str = ""
     live: LiveMessage | None = None
+    screen: ScreenMessage | None = None
     ending: bool = False  # the follower left: what is still queued is the end of the stream
     owner_turns: int = 0  # how often the owner has spoken here: a send started before the last one lands above it
 
@@ -110,6 +129,21 @@ class AsFile:
 
 
 @dataclass(frozen=True)
+class NewScreen:
+    """The first frame of a screen: a new message (``items``: the pending frames; the last is sent)."""
+
+    items: tuple[QueuedItem, ...]
+    notify: bool
+
+
+@dataclass(frozen=True)
+class EditScreen:
+    """The screen message edited to the newest pending frame (``items``: all of them, the last is sent)."""
+
+    items: tuple[QueuedItem, ...]
+
+
+@dataclass(frozen=True)
 class Ping:
     pass
 
@@ -124,18 +158,40 @@ class Idle:
     pass
 
 
-Plan = Single | NewMessage | Extend | AsFile | Ping | Wait | Idle
+Plan = Single | NewMessage | Extend | AsFile | NewScreen | EditScreen | Ping | Wait | Idle
 
 
 def coalescible(queue: Sequence[QueuedItem]) -> list[QueuedItem]:
-    """The leading items that may share one message: output text of one format, no buttons."""
+    """The leading items that may share one message: output text of one format, no buttons, no frames."""
     head = queue[0]
     run = []
     for item in queue:
-        if item.kind != "text" or item.fmt != head.fmt or item.has_buttons:
+        if item.kind != "text" or item.fmt != head.fmt or item.has_buttons or item.screen:
             break
         run.append(item)
     return run
+
+
+def screen_frames(queue: Sequence[QueuedItem]) -> list[QueuedItem]:
+    """The leading screen frames of the queue (only the last of them is shown)."""
+    frames = []
+    for item in queue:
+        if item.kind != "text" or not item.screen:
+            break
+        frames.append(item)
+    return frames
+
+
+def _plan_screen(queue: Sequence[QueuedItem], stream: StreamState, now_ms: int, cfg: OutputConfig) -> Plan:
+    frames = screen_frames(queue)
+    screen = stream.screen
+    if screen is None:
+        burst_start = stream.last_output_ms is None or frames[0].arrived_ms - stream.last_output_ms > cfg.quiet_ms
+        return NewScreen(tuple(frames), notify=burst_start)
+    if len(frames) < len(queue):
+        return EditScreen(tuple(frames))  # the screen's last frame: other output waits behind it
+    due = screen.last_edit_ms + cfg.edit_interval_ms
+    return EditScreen(tuple(frames)) if now_ms >= due else Wait(due)
 
 
 def _units(items: Sequence[QueuedItem]) -> int:
@@ -162,6 +218,8 @@ def plan(queue: Sequence[QueuedItem], stream: StreamState, now_ms: int, cfg: Out
     head = queue[0]
     if head.kind not in TEXT_KINDS:
         return Single(head)
+    if head.kind == "text" and head.screen:
+        return _plan_screen(queue, stream, now_ms, cfg)
     if head.kind == "notice" or head.has_buttons or not cfg.coalesce:
         return NewMessage((head,), notify=True)
     run = coalescible(queue)
@@ -200,6 +258,7 @@ class TopicTurn:
         s.last_sent_ms = now_ms
         s.last_line = _last_line(raw) or s.last_line
         s.ending = s.ending and not notify
+        s.screen = None  # other output below the screen message: the next frame starts a new one
         if self._owner_spoke_since(owner_turns):
             return
         if arrived_ms is not None:
@@ -214,12 +273,32 @@ class TopicTurn:
         s = self.stream
         s.last_sent_ms = now_ms
         s.last_line = _last_line(raw) or s.last_line
+        s.screen = None
         if self._owner_spoke_since(owner_turns) or s.live is None:
             return
         s.live.raw, s.live.units, s.live.last_edit_ms = raw, units, now_ms
         if arrived_ms is not None:
             s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
         s.owes_ping = True
+
+    def screen_sent(self, now_ms: int, *, notify: bool, message_id: int | None, raw: str, arrived_ms: int) -> None:
+        """A frame went out as a new screen message."""
+        s = self.stream
+        s.last_sent_ms = now_ms
+        s.live = None  # output after the screen goes below it
+        if notify:
+            s.owes_ping = False
+        s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
+        s.screen = ScreenMessage(message_id, raw, now_ms) if message_id is not None else None
+
+    def screen_edited(self, now_ms: int, raw: str, arrived_ms: int) -> None:
+        """The screen message shows a newer frame (edits never notify, and owe no ping)."""
+        s = self.stream
+        s.last_sent_ms = now_ms
+        if s.screen is None:
+            return
+        s.screen.raw, s.screen.last_edit_ms = raw, now_ms
+        s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
 
     def _owner_spoke_since(self, owner_turns: int | None) -> bool:
         return owner_turns is not None and owner_turns != self.stream.owner_turns
@@ -230,7 +309,7 @@ class TopicTurn:
         an answer, so it notifies; a ping still owed is dropped (the owner is looking)."""
         s = self.stream
         s.owner_turns += 1
-        s.live = None
+        s.live = None  # (a screen message stays: the program's keys, its final frame, edit it in place)
         s.last_output_ms = None
         s.owes_ping = False
         s.ending = False
@@ -244,6 +323,7 @@ class TopicTurn:
         s.owes_ping = False
         s.last_sent_ms = now_ms
         s.live = None
+        s.screen = None
 
     def ping_text(self) -> str:
         line = self.stream.last_line.strip()

@@ -6,6 +6,8 @@ see (:class:`~topicbus.follower.output.LineCleaner` per stream in pipe mode,
 :class:`~topicbus.follower.terminal.ScreenRenderer` under a pty) and feeds an
 :class:`~topicbus.follower.output.OutputBatcher`. :meth:`OutputCapture.post_loop` takes batches
 and posts them until the output has ended (:meth:`OutputCapture.finish`) and every batch is posted.
+A full-screen program's frames (:meth:`ScreenRenderer.take_frame`) are posted with ``post_frame``, in
+order with the batches (text before a frame goes first); only the newest frame not yet posted is kept.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class OutputCapture:
         self._readers: list[FdReader] = []
         self._open = 0
         self._all_closed = asyncio.Event()
+        self._frame: str | None = None  # a full-screen program's newest frame, not posted yet
+        self._after_frame = ""  # rows that became final after that frame (they go after it)
         streams = [("stdout", child.stdout_fd)]
         if child.stderr_fd is not None:
             streams.append(("stderr", child.stderr_fd))
@@ -76,7 +80,13 @@ class OutputCapture:
         self.last_output_at = now
         cause = self._drop_cause()
         if self.renderer is not None:
-            self.batcher.feed(self.renderer.feed(data, now), now, drop_cause=cause)
+            text = self.renderer.feed(data, now)
+            if self.renderer.screen.session.ending:  # the screen's final frame, before what follows it
+                self._frame = self.renderer.take_frame(0.0, now) or self._frame
+            if self._frame is not None:
+                self._after_frame += text  # posted once the frame went, in order
+            else:
+                self.batcher.feed(text, now, drop_cause=cause)
         else:
             text = self._decoders[stream].decode(data)
             cleaned = self._cleaners[stream].feed(text)
@@ -166,8 +176,14 @@ class OutputCapture:
         quiet_for = now - self.last_output_at
         cause = self._drop_cause()
         if self.renderer is not None:
-            self.batcher.feed(self.renderer.take_partial(quiet_for, now, force=force), self.last_output_at,
-                              drop_cause=cause)
+            frame = self.renderer.take_frame(quiet_for, now, force=force)
+            if frame is not None:
+                self._frame = frame
+            partial = self.renderer.take_partial(quiet_for, now, force=force)
+            if self._frame is not None:
+                self._after_frame += partial
+            else:
+                self.batcher.feed(partial, self.last_output_at, drop_cause=cause)
             return
         for cleaner in self._cleaners.values():
             self.batcher.feed(cleaner.take_partial(quiet_for, force=force), self.last_output_at, drop_cause=cause)
@@ -190,14 +206,16 @@ class OutputCapture:
         return min(due) if due else None
 
     async def post_loop(self, post: Callable[[str, bool], Awaitable[None]],
-                        post_tail: Callable[[str], Awaitable[None]] | None = None) -> None:
+                        post_tail: Callable[[str], Awaitable[None]] | None = None,
+                        post_frame: Callable[[str], Awaitable[None]] | None = None) -> None:
         """Post batches with ``post(text, last)`` (``last``: nothing else is pending, the output
-        paused there) until :meth:`finish` was called and everything is posted. Under a pty, with
-        ``post_tail`` and a leader that shows tails, a line being redrawn (a progress bar) is posted
-        with ``post_tail(state)`` as it goes, after the output before it."""
+        paused there), and frames with ``post_frame(text)`` (without it, as batches), until
+        :meth:`finish` was called and everything is posted. With ``post_tail`` and a leader that
+        shows tails, a line being redrawn (a progress bar) is posted with ``post_tail(state)`` as it
+        goes, after the output before it."""
         watcher = asyncio.create_task(self._watch_hold(), name="follow-backpressure")
         try:
-            await self._post_all(post, post_tail)
+            await self._post_all(post, post_tail, post_frame)
         finally:
             watcher.cancel()
 
@@ -230,7 +248,8 @@ class OutputCapture:
         return next((state for cleaner in self._cleaners.values() if (state := cleaner.progress_state())), "")
 
     async def _post_all(self, post: Callable[[str, bool], Awaitable[None]],
-                        post_tail: Callable[[str], Awaitable[None]] | None) -> None:
+                        post_tail: Callable[[str], Awaitable[None]] | None,
+                        post_frame: Callable[[str], Awaitable[None]] | None = None) -> None:
         while True:
             self._wake.clear()
             now = self._loop.time()
@@ -239,6 +258,19 @@ class OutputCapture:
                 self._take_partials(now)
                 if post_tail is not None and await self._post_progress(now, post, post_tail):
                     continue
+            if self._frame is not None:
+                if self.batcher.has_pending:  # what the program printed before the frame goes first
+                    await post(self.batcher.take() or "", False)
+                frame, self._frame = self._frame, None
+                # What followed the frame waits in the batcher (taken only after the frame went), ahead
+                # of what comes while the frame is being sent.
+                after, self._after_frame = self._after_frame, ""
+                self.batcher.feed(after, self.last_output_at, drop_cause=self._drop_cause())
+                if post_frame is not None:
+                    await post_frame(frame)
+                else:
+                    await post(frame, False)
+                continue
             if self.batcher.ready(now) or (self._ended and self.batcher.has_pending):
                 batch = self.batcher.take() or ""
                 await post(batch, not self.batcher.has_pending)

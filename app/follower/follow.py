@@ -57,7 +57,8 @@ from topicbus.follower.model import (
 from topicbus.follower.output import MAX_PENDING_BYTES, OutputBatcher, dropped_marker, yes_no_buttons
 from topicbus.follower.screenshot import grab, render_png
 from topicbus.follower.terminal import ScreenRenderer
-from topicbus.protocol import CAP_BUTTONS, CAP_FORMAT, CAP_PHOTO, CAP_TAIL, MAX_DOCUMENT_BYTES
+from topicbus.protocol import (CAP_BUTTONS, CAP_FORMAT, CAP_PHOTO, CAP_SCREEN_FRAMES, CAP_TAIL, MAX_DOCUMENT_BYTES,
+                               MAX_TEXT_CHARS)
 
 __all__ = [
     "EXIT_REFUSED",
@@ -325,6 +326,28 @@ async def run_follow(
         except FollowerSendError as exc:
             logger.error("follow: the leader refused a line's progress ({})", exc.code)
 
+    async def post_frame(frame: str) -> None:
+        """A full-screen program's newest frame: it replaces the topic's screen message (screen-frames-v1);
+        a leader without it gets the frame as output, at most one every ``snapshot_interval_s``."""
+        if not client.registered and client.failure is None:
+            try:
+                await client.wait_registered()
+            except FollowerError:
+                pass
+        caps = client.leader_capabilities
+        if CAP_SCREEN_FRAMES not in caps:
+            assert renderer is not None
+            renderer.screen.session.interval_s = max(renderer.screen.session.interval_s, snapshot_interval_s)
+            await post(frame, False)
+            return
+        message = {"type": "text", "text": frame[:MAX_TEXT_CHARS], "screen": True}
+        if CAP_FORMAT in caps:
+            message["format"] = "pre"  # a screen keeps its columns
+        try:
+            await client.send_message(message)
+        except FollowerSendError as exc:
+            logger.error("follow: the leader refused a screen frame ({})", exc.code)
+
     async def hand_off(returncode: int) -> None:
         await poster
         notice = exit_notice(returncode, loop.time() - started_at)
@@ -368,7 +391,8 @@ async def run_follow(
         except (NotImplementedError, RuntimeError, ValueError):
             pass
 
-    poster = asyncio.create_task(capture.post_loop(post, post_tail), name="follow-poster")
+    poster = asyncio.create_task(capture.post_loop(post, post_tail, post_frame if pty else None),
+                                 name="follow-poster")
     exited = asyncio.create_task(child.process.wait(), name="follow-child")
     failed = asyncio.create_task(client.wait_failure(), name="follow-failure")
     aborted = asyncio.create_task(abort.wait(), name="follow-abort")

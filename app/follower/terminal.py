@@ -15,6 +15,9 @@ pyte, not by us) and turns the screen into posts:
 * **Screen mode** (full-screen programs, ``clear``, multi-line progress): when the program moves
   the cursor back into rows already posted, the whole screen is posted as a snapshot instead, at
   most every ``snapshot_interval_s``; line mode resumes below the snapshot.
+* **Screen sessions** (a program on the alternate screen, or one that cleared the whole screen):
+  nothing is posted line by line; :meth:`ScreenRenderer.take_frame` gives the whole screen when it is
+  a complete frame (:mod:`~topicbus.follower.screen_frames`), for the topic's one screen message.
 * **Echo**: what follow typed into the terminal is expected back as echo (from the terminal, or
   from readline); a final line (wrapped rows joined) that ends with the next expected input line
   loses that text, so your own message is not posted back to you, however long it is.
@@ -29,6 +32,7 @@ from pyte.screens import Margins
 from wcwidth import wcwidth
 
 from topicbus.follower.output import PROGRESS_FIRST_S, PROGRESS_INTERVAL_S, yes_no_buttons
+from topicbus.follower.screen_frames import ALTERNATE_SCREEN_MODES, SYNCHRONIZED_UPDATE_MODE, ScreenSession
 
 __all__ = ["ScreenRenderer"]
 
@@ -59,9 +63,13 @@ def _render(line, columns: int, *, strip: bool = True) -> str:
 
 
 class _Screen(pyte.Screen):
-    """A pyte screen that keeps the rows scrolling off its top (when no scroll region is set)."""
+    """A pyte screen that keeps the rows scrolling off its top (when no scroll region is set), and
+    tells its :class:`ScreenSession` of the alternate screen, erasures and synchronized updates."""
+
+    render_row = staticmethod(_render)
 
     def __init__(self, columns: int, lines: int):
+        self.session = ScreenSession()
         super().__init__(columns, lines)
         self.scrolled: list[str] = []  # rows scrolled off and not yet collected
         self.scroll_count = 0  # rows scrolled off since the start
@@ -87,9 +95,34 @@ class _Screen(pyte.Screen):
         finally:
             self._drawing = False
 
+    def set_mode(self, *modes, **kwargs) -> None:
+        if kwargs.get("private"):
+            for mode in modes:
+                if mode in ALTERNATE_SCREEN_MODES:
+                    self.session.enter_alternate(self)
+                elif mode == SYNCHRONIZED_UPDATE_MODE:
+                    self.session.synchronized = True
+        super().set_mode(*modes, **kwargs)
+
+    def reset_mode(self, *modes, **kwargs) -> None:
+        if kwargs.get("private"):
+            for mode in modes:
+                if mode in ALTERNATE_SCREEN_MODES:
+                    self.session.leave_alternate(self)
+                elif mode == SYNCHRONIZED_UPDATE_MODE and self.session.synchronized:
+                    self.session.synchronized = False
+                    self.session.update_ended = True
+        super().reset_mode(*modes, **kwargs)
+
+    def erase_in_display(self, how: int = 0, *args, **kwargs) -> None:
+        if how in (2, 3):
+            self.session.erased()
+        super().erase_in_display(how, *args, **kwargs)
+
     def index(self) -> None:
         top, bottom = self.margins or Margins(0, self.lines - 1)
         if self.cursor.y == bottom and top == 0:
+            self.session.scrolled_off(self)
             self.scrolled.append(_render(self.buffer[0], self.columns, strip=False))
             self.scroll_count += 1
         super().index()
@@ -160,6 +193,8 @@ class ScreenRenderer:
         in ``\\n``; rows the terminal wrapped are joined back)."""
         self.screen.floor = self._posted
         self.stream.feed(data)
+        if self._in_session(now):
+            return ""
         if self._cursor_abs() < self._posted or self.screen.rewrote or self._screen_mode:
             self.screen.rewrote = False
             if not self._screen_mode:
@@ -178,6 +213,8 @@ class ScreenRenderer:
         (``quiet_s``, or ``redraw_quiet_s`` while redrawn; never a redrawn line under
         :attr:`live_progress`, which :meth:`take_progress` shows); in screen mode a snapshot (not more
         often than every ``snapshot_interval_s``). ``force``: everything now (the child exited)."""
+        if self.screen.session.active:
+            return ""  # a screen session: frames (take_frame), not rows
         if self._screen_mode:
             return self._snapshot(quiet_for, now, force)
         if not force and self._shown_as_progress():
@@ -223,7 +260,10 @@ class ScreenRenderer:
         return max(self._progress_at + self.progress_interval_s, self._redraw_since + self.progress_first_s)
 
     def next_due(self, last_output_at: float) -> float | None:
-        """When :meth:`take_partial` may next have something (None: not before new output)."""
+        """When :meth:`take_partial` or :meth:`take_frame` may next have something (None: not before new
+        output)."""
+        if self.screen.session.active or self.screen.session.ending:
+            return self.screen.session.due_at(last_output_at)
         if self._screen_mode:
             if not self._dirty:
                 return None
@@ -236,6 +276,11 @@ class ScreenRenderer:
         if not self._unposted(self._current_line()).strip():
             return None
         return last_output_at + (self.redraw_quiet_s if self.screen.redrawn else self.quiet_s)
+
+    def take_frame(self, quiet_for: float, now: float, *, force: bool = False) -> str | None:
+        """A full-screen program's screen, when it is a new complete frame (see
+        :mod:`~topicbus.follower.screen_frames`); ``force``: the child exited, its screen as it is."""
+        return self.screen.session.take(self.screen, quiet_for, now, force=force)
 
     # ---- internals -------------------------------------------------------------------------------
 
@@ -259,6 +304,25 @@ class ScreenRenderer:
     def _echo_pending(self, now: float) -> bool:
         """Input was typed a moment ago and its echo is still due (readline redraws it: not progress)."""
         return bool(self._echo) and (self._echo_expected_at is None or now - self._echo_expected_at < ECHO_WAIT_S)
+
+    def _in_session(self, now: float) -> bool:
+        """After a feed: True while a screen session draws (its rows are not posted as lines)."""
+        session = self.screen.session
+        if session.active:
+            session.changed(now)
+            self._screen_mode = False
+            self._dirty = False
+            self.screen.rewrote = False
+            self.screen.scrolled.clear()
+            return True
+        if session.ending and not session.restored:
+            # A cleared screen that scrolls again: its rows went out in the final frame; lines follow.
+            self._posted = min(session.end_row, self._cursor_abs())
+            self._posted_text = ""
+            self.screen.rewrote = False
+            session.restored = True
+        return False
+
 
     def _cursor_abs(self) -> int:
         return self.screen.scroll_count + self.screen.cursor.y

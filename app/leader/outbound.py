@@ -41,7 +41,7 @@ from typing import Any
 from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
 from topicbus.core.budget import BudgetConfig, ChatBudget, Priority
 from topicbus.core.formatting import Rendered
-from topicbus.core.output import Idle, OutputConfig, Ping, Single, Wait, plan
+from topicbus.core.output import EditScreen, Idle, OutputConfig, Ping, Single, Wait, plan
 from topicbus.core.press_answers import PressAnswerConfig, scheduler_share
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicKey, TopicOutput
@@ -305,7 +305,10 @@ class OutboundScheduler:
                 next_at = min(next_at, step.until_ms / 1000)
                 continue
             priority, spends = self._cost(step)
-            ready = max(topic.paused_until, self.budget.ready_at(now, priority, spends=spends, pending=pending))
+            # A screen's next frame can wait: it never takes the chat's last output sends from other topics.
+            headroom = self._output.screen_headroom if isinstance(step, EditScreen) else 0
+            ready = max(topic.paused_until, self.budget.ready_at(now, priority, spends=spends, pending=pending,
+                                                                 headroom=headroom))
             if ready > now:
                 next_at = min(next_at, ready)
                 continue

@@ -31,8 +31,8 @@ from typing import Any
 from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
 from topicbus.core.budget import Priority
 from topicbus.core.formatting import MAX_CAPTION, Rendered, as_plain, render, split, tail, utf16_len
-from topicbus.core.output import (AsFile, Extend, LiveMessage, NewMessage, OutputConfig, Ping, QueuedItem, Single,
-                                  TopicTurn, coalescible, fitting)
+from topicbus.core.output import (AsFile, EditScreen, Extend, LiveMessage, NewMessage, NewScreen, OutputConfig, Ping,
+                                  QueuedItem, Single, TopicTurn, coalescible, fitting)
 from topicbus.leader.keyboards import Keyboards, keys
 from topicbus.leader.term import LeaderTerm
 from topicbus.retry import Backoff
@@ -45,7 +45,7 @@ HEADS = 256  # the rows of a topic read for planning
 FILE_HEADS = 8192  # the rows read when a run goes out as a file (it may reach beyond the heads)
 MAX_BACKOFF_S = 30.0
 GONE_PAUSE_S = 30.0
-Step = Single | NewMessage | Extend | AsFile | Ping
+Step = Single | NewMessage | Extend | AsFile | NewScreen | EditScreen | Ping
 # The scheduler's wire: (priority, topic, spends, the call) -> its result, once the budget allowed it.
 Call = Callable[[Priority, TopicKey, bool, Callable[[], Awaitable[CallResult]]], Awaitable[CallResult]]
 
@@ -87,6 +87,7 @@ class OutputSender:
         self._on_topic_gone = on_topic_gone
         self._keyboards = keyboards
         self._live_keyboards: dict[TopicKey, Keyboard] = {}  # the keyboard on each topic's live message
+        self._screen_keyboards: dict[TopicKey, Keyboard] = {}  # the keyboard on each topic's screen message
         self._repo = OutboxRepository(term.db)
         self._arrived: dict[int, int] = {}  # outbox id -> when this term first saw it (monotonic ms)
         self.stats = OutboundStats()
@@ -107,6 +108,8 @@ class OutputSender:
             await self._extend(key, topic, step, now)
         elif isinstance(step, AsFile):
             await self._as_file(key, topic, step, now)
+        elif isinstance(step, NewScreen | EditScreen):
+            await self._screen_frame(key, topic, step)
 
     async def _send(self, key: TopicKey, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]],
                     priority: Priority = Priority.OUTPUT) -> CallResult:
@@ -133,6 +136,7 @@ class OutputSender:
         if await self._settle(key, topic, (item,), result):
             if item.kind != "chatAction":
                 topic.turn.stream.live = None
+                topic.turn.stream.screen = None
                 self.stats.messages += 1
 
     async def _texts(self, items: tuple[QueuedItem, ...]) -> tuple[str, dict[int, dict[str, Any]]]:
@@ -257,6 +261,69 @@ class OutputSender:
         if current is not None and current.message_id == message_id and self._keyboards.still_interruptible(current):
             return current
         return await self._keyboard(key, last_id, last_id, None, printing=True)
+
+    async def _screen_frame(self, key: TopicKey, topic: TopicOutput, step: NewScreen | EditScreen) -> None:
+        """The newest pending frame of a full-screen program: a new screen message, or the screen message
+        edited in place. The frames passed over are settled with it (they were never shown); a frame equal
+        to what the message shows already costs no call. The message carries the Interrupt button."""
+        newest = step.items[-1]
+        raw = (await self._repo.payloads([newest.id])).get(newest.id, {}).get("text", "") or " "
+        rendered = (split(render(raw, newest.fmt)) or [Rendered(raw)])[0]  # a screen taller than a message: its top
+        chat, thread = key
+        now_ms = int(time.monotonic() * 1000)
+        screen = topic.turn.stream.screen
+        if isinstance(step, EditScreen) and screen is not None:
+            if raw == screen.raw:
+                result = CallResult(Outcome.OK)
+            else:
+                keyboard = await self._screen_keyboard(key, screen.message_id, newest.id)
+                markup = keys(keyboard) if keyboard is not None else None
+                result = await self._send(key, True, lambda: self._gateway.edit_message(chat, screen.message_id,
+                                                                                    rendered, buttons=markup))
+                if result.outcome is Outcome.REJECTED:
+                    topic.turn.stream.screen = None  # deleted, too old: the next turn starts a new screen message
+                    self._screen_keyboards.pop(key, None)
+                    return
+                if result.ok:
+                    await self._screen_carried(key, keyboard, screen.message_id)
+                    self.stats.edits += 1
+            if await self._settle(key, topic, step.items, result, screen.message_id):
+                topic.turn.screen_edited(now_ms, raw, newest.arrived_ms)
+            return
+        notify = isinstance(step, NewScreen) and step.notify
+        keyboard = await self._keyboard(key, step.items[0].id, newest.id, None, printing=True)
+        markup = keys(keyboard) if keyboard is not None else None
+        result = await self._send(key, True, lambda: self._gateway.send_message(chat, thread, rendered, silent=not notify,
+                                                                            buttons=markup))
+        message_id = result.value if isinstance(result.value, int) else None
+        if await self._settle(key, topic, step.items, result, message_id):
+            topic.turn.screen_sent(now_ms, notify=notify, message_id=message_id, raw=raw,
+                                   arrived_ms=newest.arrived_ms)
+            self._live_keyboards.pop(key, None)
+            await self._screen_carried(key, keyboard, message_id)
+            self.stats.messages += 1
+            self.stats.units_sent += utf16_len(raw)
+
+    async def _screen_keyboard(self, key: TopicKey, message_id: int, last_id: int) -> Keyboard | None:
+        """The screen message's keyboard at an edit: kept while its process may still be interrupted."""
+        if self._keyboards is None:
+            return None
+        current = self._screen_keyboards.get(key)
+        if current is not None and current.message_id == message_id and self._keyboards.still_interruptible(current):
+            return current
+        return await self._keyboard(key, last_id, last_id, None, printing=True)
+
+    async def _screen_carried(self, key: TopicKey, keyboard: Keyboard | None, message_id: int | None) -> None:
+        if keyboard is None or self._keyboards is None:
+            self._screen_keyboards.pop(key, None)
+            return
+        try:
+            keyboard = await self._keyboards.sent(keyboard, message_id)
+        except AuthorityLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
+            self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
+        self._screen_keyboards[key] = keyboard
 
     async def _as_file(self, key: TopicKey, topic: TopicOutput, step: AsFile, now: float) -> None:
         items = step.items

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from topicbus.protocol import CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, LEADER_CAPABILITIES, LEADER_V1_CAPABILITIES
+from topicbus.protocol import (CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_FORMAT, CAP_SCREEN_FRAMES, LEADER_CAPABILITIES,
+                               LEADER_V1_CAPABILITIES)
 from tests.fakeleader import FakeLeader
 from tests.support.waiting import wait_until
 
@@ -499,3 +500,65 @@ def _blocked_writing(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state == "S" and syscall == str(_WRITE_SYSCALL[platform.machine()])
+
+
+SMALL_DASHBOARD = """
+    import sys, time
+    sys.stdout.write("\\x1b[?1049h")
+    for n in range(4):
+        sys.stdout.write("\\x1b[H\\x1b[2JDASHBOARD header\\r\\n\\r\\ncounter %d" % n)
+        sys.stdout.flush()
+        time.sleep(1.2)
+    sys.stdout.write("\\x1b[?1049l")
+    sys.stdout.flush()
+"""
+
+
+@pytest.mark.parametrize("frames", [True, False], ids=["screen-frames-v1", "older-leader"])
+async def test_a_full_screen_program_sends_frames_only_to_a_leader_that_takes_them(
+        leader: FakeLeader, follow, frames: bool) -> None:
+    if frames:
+        leader.capabilities = leader.capabilities | {CAP_FORMAT, CAP_SCREEN_FRAMES}
+    proc = await follow("--pty", script=SMALL_DASHBOARD)
+    assert await proc.wait(timeout=30) == 0
+    await wait_text(leader, "⏹ exited with code 0")
+    shown = [m for m in leader.outbox_items if m.get("type") == "text" and "DASHBOARD" in m["text"]]
+    assert shown, leader.sent_texts()
+    assert shown[-1]["text"].splitlines()[0] == "DASHBOARD header"  # the whole screen, its first row too
+    assert shown[-1]["text"].splitlines()[-1] == "counter 3"  # the final frame
+    if frames:
+        assert all(m.get("screen") is True and m.get("format") == "pre" for m in shown)
+        assert len(shown) >= 3  # a new frame a second: the leader keeps only the newest
+        assert [m["text"] for m in leader.outbox_items if "DASHBOARD" not in m.get("text", "")][:-1] == []
+    else:
+        assert not any("screen" in m for m in leader.outbox_items)  # never a field this leader did not advertise
+        assert len(shown) <= 3  # snapshots at most every 3 s
+
+
+CLEARS_THEN_PRINTS_LINES = """
+    import sys, time
+    sys.stdout.write("\\x1b[H\\x1b[2Jstatus board\\r\\n")
+    sys.stdout.flush()
+    time.sleep(1.5)
+    for i in range(1, 41):
+        sys.stdout.write("%d\\r\\n" % i)
+    sys.stdout.flush()
+    time.sleep(0.5)
+"""
+
+
+async def test_a_cleared_screen_that_scrolls_again_ends_with_its_frame_and_every_line_follows_in_order(
+        leader: FakeLeader, follow) -> None:
+    leader.capabilities = leader.capabilities | {CAP_FORMAT, CAP_SCREEN_FRAMES}
+    proc = await follow("--pty", script=CLEARS_THEN_PRINTS_LINES)
+    assert await proc.wait(timeout=30) == 0
+    await wait_text(leader, "⏹ exited with code 0")
+    items = [m for m in leader.outbox_items if m.get("type") == "text" and not m["text"].startswith("⏹")]
+    frames = [m for m in items if m.get("screen")]
+    assert frames and frames[0]["text"] == "status board"
+    final = frames[-1]["text"].splitlines()
+    assert final[0] == "status board"
+    after = [m["text"] for m in items[items.index(frames[-1]) + 1:]]
+    assert not any(m.get("screen") for m in items[items.index(frames[-1]) + 1:])
+    shown = [line for line in final[1:] + "\n".join(after).splitlines() if line.strip()]
+    assert shown == [str(i) for i in range(1, 41)]  # each line once, in order: the frame's, then the rest

@@ -102,3 +102,15 @@ def test_the_per_second_spacing_alone_is_not_pressure() -> None:
     budget.record(10.01, spends=False)  # a reaction right after a message
     assert budget.ready_at(10.02, Priority.OUTPUT) == 11.0
     assert not budget.under_pressure(10.02)  # reactions and chat actions still go
+
+
+def test_a_call_that_can_wait_leaves_headroom_in_the_window_for_other_output() -> None:
+    budget = ChatBudget(GROUP)
+    now = 0.0
+    while (at := budget.ready_at(now, Priority.OUTPUT, headroom=4)) < 60:
+        now = at
+        budget.record(now, spends=True)
+    assert budget.used(now) == 12  # 20 a minute, 4 reserved for control, 4 left to other output
+    assert budget.ready_at(now + 1, Priority.OUTPUT) == now + 1  # other output goes at once
+    assert budget.ready_at(now + 1, Priority.OUTPUT, headroom=4) == 60.0  # the screen waits for a slot
+    assert budget.ready_at(0, Priority.OUTPUT, headroom=99) >= 0  # never more headroom than the limit allows

@@ -173,10 +173,10 @@ def test_screen_rows_scrolled_off_are_posted_once() -> None:
     assert r.feed(b"line 50\r\n", 1) == "line 50\n"
 
 
-def test_full_screen_redraws_become_snapshots_at_most_every_interval() -> None:
+def test_redraws_over_posted_rows_become_snapshots_at_most_every_interval() -> None:
     r = ScreenRenderer(20, 4, quiet_s=0.25, snapshot_interval_s=3.0)
     assert r.feed(b"$ top\r\n", 0) == "$ top\n"
-    assert r.feed(b"\x1b[H\x1b[2Jload 1\r\ntasks 5", 1) == ""
+    assert r.feed(b"\x1b[Hload 1\r\ntasks 5", 1) == ""
     assert r.screen_mode
     assert r.take_partial(0.1, 1.1) == ""  # still drawing
     assert r.take_partial(0.3, 1.3) == "load 1\ntasks 5\n"
@@ -269,3 +269,51 @@ def test_a_pagers_prompt_erased_and_written_over_does_not_eat_the_next_line() ->
     assert r.take_partial(1, 1) == ":"
     assert r.feed(b"\r\x1b[Kroot@vm:~# ", 2) == ""
     assert r.take_partial(1, 3) == "root@vm:~#"  # whole: the ":" posted before is gone from the row
+
+
+DASHBOARD_FRAME = b"\x1b[H\x1b[2JDASHBOARD header\r\ncounter %d\r\n\r\nfooter"
+
+
+def test_an_alternate_screen_program_gives_whole_frames_and_the_normal_screen_comes_back() -> None:
+    r = ScreenRenderer(30, 6, quiet_s=0.25)
+    assert r.feed(b"$ dash\r\n", 0) == "$ dash\n"
+    assert r.feed(b"\x1b[?1049h" + DASHBOARD_FRAME % 1, 1) == ""  # nothing line by line
+    assert r.take_frame(0.05, 1.05) is None  # still drawing
+    assert r.take_partial(1.0, 2.0) == ""  # and no snapshot either
+    assert r.take_frame(0.2, 1.2) == "DASHBOARD header\ncounter 1\n\nfooter"  # header included
+    assert r.feed(DASHBOARD_FRAME % 1, 1.5) == ""
+    assert r.take_frame(1.0, 2.5) is None  # the same frame again: nothing to send
+    assert r.feed(DASHBOARD_FRAME % 2, 2.6) == ""
+    assert r.next_due(2.6) == 2.6 + 0.15
+    assert r.take_frame(0.2, 2.8) == "DASHBOARD header\ncounter 2\n\nfooter"
+    assert r.feed(DASHBOARD_FRAME % 3, 2.9) == ""
+    assert r.take_frame(0.2, 3.1) is None  # at most one frame a second
+    assert r.take_frame(0.9, 3.8) == "DASHBOARD header\ncounter 3\n\nfooter"
+    # The program draws its last frame and leaves the alternate screen at once: that frame is final.
+    assert r.feed(DASHBOARD_FRAME % 4 + b"\x1b[?1049l", 4.0) == ""
+    assert r.take_frame(0.0, 4.0) == "DASHBOARD header\ncounter 4\n\nfooter"
+    assert r.take_frame(1.0, 5.0) is None
+    assert r.feed(b"$ ", 5.0) == ""  # the normal screen as it was: the prompt on the row after "$ dash"
+    assert r.take_partial(1.0, 6.0) == "$"
+    assert r.feed(b"ls\r\nfile\r\n", 6.0) == "ls\nfile\n"
+
+
+def test_a_synchronized_update_is_never_torn_and_its_end_is_a_frame() -> None:
+    r = ScreenRenderer(30, 4, quiet_s=0.25)
+    r.feed(b"\x1b[?1049h\x1b[?2026h" + DASHBOARD_FRAME % 1, 0)
+    assert r.take_frame(5.0, 5.0) is None  # quiet, but inside the update
+    r.feed(b"\x1b[?2026l", 5.1)
+    assert r.take_frame(0.0, 5.1) == "DASHBOARD header\ncounter 1\n\nfooter"
+
+
+def test_a_cleared_screen_redrawn_is_a_session_until_it_scrolls() -> None:
+    r = ScreenRenderer(30, 4, quiet_s=0.25)
+    r.feed(DASHBOARD_FRAME % 1, 0)
+    assert r.take_frame(0.2, 0.2) == "DASHBOARD header\ncounter 1\n\nfooter"
+    r.feed(DASHBOARD_FRAME % 2, 1.0)
+    assert r.take_frame(0.2, 1.2) == "DASHBOARD header\ncounter 2\n\nfooter"
+    # Lines again: the screen scrolls; the session ends with the screen before the scroll.
+    assert r.feed(b"\x1b[2J\x1b[Hdone\r\n", 2.0) == ""
+    assert r.feed(b"a\r\nb\r\nc\r\nd\r\n", 2.1) == "d\n"
+    assert r.take_frame(0.0, 2.1) == "done\na\nb\nc"
+    assert r.feed(b"e\r\n", 3.0) == "e\n"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from topicbus.core.budget import Priority
-from topicbus.core.output import (AsFile, Extend, Idle, LiveMessage, NewMessage, OutputConfig, Ping, QueuedItem,
-                                  Single, StreamState, TopicTurn, Wait, plan)
+from topicbus.core.output import (AsFile, EditScreen, Extend, Idle, LiveMessage, NewMessage, NewScreen, OutputConfig,
+                                  Ping, QueuedItem, Single, StreamState, TopicTurn, Wait, plan)
 
 CFG = OutputConfig(max_message=100, file_threshold=300, live_window_ms=60_000, edit_interval_ms=4_000, quiet_ms=3_000)
 
@@ -137,3 +137,36 @@ def test_the_end_of_a_stream_goes_as_one_notifying_message_and_owes_no_ping() ->
     turn.follower_left()
     long = [text(i, 60, arrived_ms=9_900) for i in range(1, 4)]
     assert plan(long, turn.stream, 10_000, CFG) == NewMessage((long[0],), notify=False)
+
+
+def frame(item_id: int, arrived_ms: int = 10_000) -> QueuedItem:
+    return QueuedItem(item_id, "text", 50, "pre", Priority.OUTPUT, arrived_ms, screen=True)
+
+
+def test_screen_frames_make_one_message_edited_in_place_with_the_newest_frame() -> None:
+    turn = TopicTurn()
+    assert plan([frame(1), frame(2)], turn.stream, 10_000, CFG) == NewScreen((frame(1), frame(2)), notify=True)
+    turn.screen_sent(10_000, notify=True, message_id=9, raw="frame 2", arrived_ms=10_000)
+    assert not turn.stream.owes_ping and turn.stream.live is None
+    queue = [frame(3, 11_000), frame(4, 12_000), frame(5, 13_000)]
+    assert plan(queue, turn.stream, 12_000, CFG) == Wait(14_000)  # the live-message edit cadence
+    assert plan(queue, turn.stream, 14_000, CFG) == EditScreen(tuple(queue))  # all settled, the last shown
+    turn.screen_edited(14_000, "frame 5", 13_000)
+    assert not turn.stream.owes_ping  # edits of a screen never ping
+    turn.owner_spoke()  # the owner's keys are the program's: its frames still edit the same message
+    assert plan([frame(6, 15_000)], turn.stream, 18_000, CFG) == EditScreen((frame(6, 15_000),))
+
+
+def test_a_frame_with_output_behind_it_is_the_last_and_goes_at_once_then_the_screen_ends() -> None:
+    turn = TopicTurn()
+    turn.screen_sent(10_000, notify=True, message_id=9, raw="frame 1", arrived_ms=10_000)
+    queue = [frame(2, 10_500), text(3, arrived_ms=10_600)]
+    assert plan(queue, turn.stream, 10_700, CFG) == EditScreen((frame(2, 10_500),))  # no wait for the cadence
+    assert plan([text(3)], turn.stream, 10_700, CFG) == NewMessage((text(3),), notify=False)
+    turn.sent_message(11_000, notify=False, message_id=10, fmt="pre", raw="x", units=10, growable=True)
+    assert turn.stream.screen is None  # the next frame starts a new screen message below
+    assert plan([frame(4, 12_000)], turn.stream, 12_000, CFG) == NewScreen((frame(4, 12_000),), notify=False)
+
+
+def test_frames_are_never_coalesced_with_output() -> None:
+    assert plan([text(1), frame(2)], StreamState(), 10_000, CFG) == NewMessage((text(1),), notify=False)

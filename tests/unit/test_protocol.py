@@ -19,6 +19,7 @@ from topicbus.protocol import (
     CAP_EDIT,
     CAP_FORMAT,
     CAP_PHOTO,
+    CAP_SCREEN_FRAMES,
     CAP_MEDIA,
     CAP_SEND,
     DELIVERY_CAPABILITIES,
@@ -398,7 +399,8 @@ def test_follower_refuses_unknown_kinds_and_garbage() -> None:
 
 def test_identities() -> None:
     assert follower_identity("b") == {"version": 1, "build": "b", "capabilities": [CAP_DELIVER, CAP_DISPLAY_TITLE]}
-    assert leader_identity("l")["capabilities"] == sorted({CAP_DELIVER, CAP_SEND, CAP_FORMAT, CAP_PHOTO, CAP_BUTTONS, CAP_TAIL})
+    assert leader_identity("l")["capabilities"] == sorted({CAP_DELIVER, CAP_SEND, CAP_FORMAT, CAP_PHOTO, CAP_BUTTONS, CAP_TAIL,
+                                                           CAP_SCREEN_FRAMES})
     assert leader_identity("l", [CAP_FORMAT, CAP_SEND, CAP_SEND])["capabilities"] == [CAP_FORMAT, CAP_SEND]
     assert follower_identity("b", Capabilities.for_follower(["message", "edit"]))["capabilities"] == [
         CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT]
@@ -421,7 +423,8 @@ def test_compatibility(protocol: dict[str, Any] | None, reason: str | None) -> N
 def test_capability_names() -> None:
     assert dict(DELIVERY_CAPABILITIES) == {"control": CAP_CONTROL, "button": CAP_BUTTON, "edit": CAP_EDIT,
                                            "media": CAP_MEDIA}
-    assert dict(SEND_FIELD_CAPABILITIES) == {"format": CAP_FORMAT, "buttons": CAP_BUTTONS, "tail": CAP_TAIL}
+    assert dict(SEND_FIELD_CAPABILITIES) == {"format": CAP_FORMAT, "buttons": CAP_BUTTONS, "tail": CAP_TAIL,
+                                             "screen": CAP_SCREEN_FRAMES}
     names = [CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_SEND, *DELIVERY_CAPABILITIES.values(),
              *SEND_FIELD_CAPABILITIES.values()]
     assert len(set(names)) == len(names) and all(n.endswith("-v1") for n in names)
@@ -502,3 +505,12 @@ def test_capabilities_value_type() -> None:
     assert caps.as_list() == [CAP_DELIVER, CAP_SEND]
     assert Capabilities.of(caps) is caps and Capabilities.of(None) == Capabilities()
     assert hash(caps) == hash(Capabilities.of([CAP_DELIVER, CAP_SEND]))
+
+
+def test_a_screen_frame_is_sent_only_to_a_leader_that_advertised_screen_frames() -> None:
+    frame = {"type": "text", "text": "top - 10:00", "format": "pre", "screen": True}
+    assert CAP_SCREEN_FRAMES == "screen-frames-v1"
+    assert Capabilities.of([CAP_FORMAT]).unsupported_send_fields(frame) == ["screen"]
+    assert Capabilities.of([CAP_FORMAT, CAP_SCREEN_FRAMES]).unsupported_send_fields(frame) == []
+    kind, request, _ = decode_frame(json.dumps(send_frame("r1", "i1", "g1", frame)))
+    assert request.message.screen is True
