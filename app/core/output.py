@@ -19,7 +19,12 @@ payloads needed) and the topic's stream state:
 * a stream known to have **ended** (its follower left gracefully: ``follow`` handed over the
   program's last output and its exit notice) sends what is left as one notifying message when it
   fits in one, instead of a silent message (or edit) followed by a ping that would repeat its last
-  line.
+  line;
+* **Interrupt buttons** (:attr:`StreamState.buttons`): while a stream runs only its latest message
+  keeps one, and once the stream ended (its ping, a notifying message, the owner spoke) none does.
+  An edit that grows the live message without the button removes it at no cost; any other button
+  owed removal is taken off by an :class:`Unbutton` step, planned only when nothing else of the
+  topic is due, at the lowest priority.
 """
 
 from __future__ import annotations
@@ -84,6 +89,13 @@ class StreamState:
     live: LiveMessage | None = None
     ending: bool = False  # the follower left: what is still queued is the end of the stream
     owner_turns: int = 0  # how often the owner has spoken here: a send started before the last one lands above it
+    buttons: list[int] = field(default_factory=list)  # messages that carry the Interrupt button, oldest first
+
+
+def stale_buttons(stream: StreamState) -> list[int]:
+    """The messages whose Interrupt button is owed removal: all but the latest while the stream
+    runs (a ping is owed), all of them once it ended."""
+    return stream.buttons[:-1] if stream.owes_ping else list(stream.buttons)
 
 
 # --- plans -----------------------------------------------------------------------------------------
@@ -114,6 +126,13 @@ class Ping:
 
 
 @dataclass(frozen=True)
+class Unbutton:
+    """Take the Interrupt button off an earlier message (lowest priority)."""
+
+    message_id: int
+
+
+@dataclass(frozen=True)
 class Wait:
     until_ms: int
 
@@ -123,7 +142,7 @@ class Idle:
     pass
 
 
-Plan = Single | NewMessage | Extend | AsFile | Ping | Wait | Idle
+Plan = Single | NewMessage | Extend | AsFile | Ping | Unbutton | Wait | Idle
 
 
 def coalescible(queue: Sequence[QueuedItem]) -> list[QueuedItem]:
@@ -154,10 +173,13 @@ def fitting(items: Sequence[QueuedItem], room: int) -> list[QueuedItem]:
 def plan(queue: Sequence[QueuedItem], stream: StreamState, now_ms: int, cfg: OutputConfig = OutputConfig()) -> Plan:
     """The one next send for a topic (see the module docstring)."""
     if not queue:
+        stale = stale_buttons(stream)
         if stream.owes_ping and stream.last_sent_ms is not None:
             due = max(stream.last_sent_ms, stream.last_output_ms or 0) + cfg.quiet_ms
-            return Ping() if now_ms >= due else Wait(due)
-        return Idle()
+            if now_ms >= due:
+                return Ping()
+            return Unbutton(stale[0]) if stale else Wait(due)
+        return Unbutton(stale[0]) if stale else Idle()
     head = queue[0]
     if head.kind not in TEXT_KINDS:
         return Single(head)
@@ -219,6 +241,16 @@ class TopicTurn:
         if arrived_ms is not None:
             s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
         s.owes_ping = True
+
+    def carried_button(self, message_id: int | None, carried: bool) -> None:
+        """A message went out or was edited with (``carried``) or without the Interrupt button."""
+        if message_id is None:
+            return
+        buttons = self.stream.buttons
+        if message_id in buttons:
+            buttons.remove(message_id)
+        if carried:
+            buttons.append(message_id)
 
     def _owner_spoke_since(self, owner_turns: int | None) -> bool:
         return owner_turns is not None and owner_turns != self.stream.owner_turns

@@ -41,7 +41,7 @@ from typing import Any
 from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
 from topicbus.core.budget import BudgetConfig, ChatBudget, Priority
 from topicbus.core.formatting import Rendered
-from topicbus.core.output import Idle, OutputConfig, Ping, Single, Wait, plan
+from topicbus.core.output import Idle, OutputConfig, Ping, Single, Unbutton, Wait, plan
 from topicbus.core.press_answers import PressAnswerConfig, scheduler_share
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicKey, TopicOutput
@@ -192,7 +192,7 @@ class OutboundScheduler:
         now = time.monotonic()
         stats = self.stats
         backlog = self.backlog().values()
-        spent = stats.messages + stats.edits + stats.files + stats.pings
+        spent = stats.messages + stats.edits + stats.files + stats.pings + stats.unbuttoned
         return {"topicbus_budget_used": self.budget.used(now),
                 "topicbus_budget_per_minute": self.budget.config.per_minute or 0,
                 "topicbus_budget_paused_seconds": max(0.0, self.budget.paused_until - now),
@@ -322,6 +322,8 @@ class OutboundScheduler:
     def _cost(step: Step) -> tuple[Priority, bool]:
         if isinstance(step, Ping):
             return Priority.OUTPUT, True
+        if isinstance(step, Unbutton):  # tidying: after every other call of every topic
+            return Priority.BACKGROUND, True
         items = step.items if hasattr(step, "items") else (step.item,)
         priority = min(i.priority for i in items)
         spends = not (isinstance(step, Single) and step.item.kind == "chatAction")

@@ -359,3 +359,53 @@ async def test_a_question_after_stderr_warnings_keeps_its_buttons_and_comes_afte
     await cluster.wait_text(thread, "deploying")
     assert await answer(cluster, yes) == (SENT.format(label="Yes"), False)
     assert "aborted" not in "\n".join(cluster.texts_in(thread))
+
+
+# --- no Interrupt button left once a run ended (issue 21) -----------------------------------------------
+
+# Prints a line every 0.25 s for about 7 s; then either waits for input ("stops") or exits.
+RUN_THEN = textwrap.dedent("""
+    import sys, time
+    print("agent ready", flush=True)
+    sys.stdin.readline()
+    for step in range(28):
+        print(f"step {step} " + "." * 60, flush=True)
+        time.sleep(0.25)
+    print("run over", flush=True)
+    if sys.argv[1] == "stops":
+        sys.stdin.readline()
+""")
+
+
+def interrupt_buttons_sent(cluster: Cluster) -> int:
+    """Sends and edits that carried the Interrupt button so far."""
+    return sum(1 for method in ("sendMessage", "editMessageText") for call in cluster.fake.calls_to(method)
+               if INTERRUPT_LABEL in json.dumps(call.params.get("reply_markup") or "", ensure_ascii=False))
+
+
+def still_interruptible(cluster: Cluster, thread: int) -> list[int | None]:
+    return [m.message_id for m in cluster.fake.messages_in(CHAT_ID, thread)
+            if m.reply_markup and INTERRUPT_LABEL in json.dumps(m.reply_markup, ensure_ascii=False)]
+
+
+@pytest.mark.parametrize("end", ["stops", "exits"])
+async def test_no_message_keeps_the_interrupt_button_once_a_run_ended(cluster: Cluster, end: str):
+    # A live message grows for 3 s at most, so the run spreads over several messages.
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false", TOPICBUS_LIVE_MESSAGE_S="3")
+    await cluster.wait_polling()
+    work = cluster.tmp / "run"
+    work.mkdir()
+    await cluster.spawn("follow-run", ["follow", "--cwd", str(work), "--", sys.executable, "-u", "-c", RUN_THEN, end])
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+    cluster.fake.push_message(CHAT_ID, "go", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "run over", DEADLINE)
+    if end == "exits":
+        await cluster.wait_text(thread, "⏹ exited with code 0", DEADLINE)
+    else:  # the stream's end: the one notifying line after it went quiet
+        await cluster.wait_for(lambda: any(t.startswith("✓") for t in cluster.texts_in(thread)), DEADLINE,
+                               lambda: f"the end of the stream: {cluster.texts_in(thread)}")
+    assert interrupt_buttons_sent(cluster) >= 1, "the run's messages carried the Interrupt button while it printed"
+    await cluster.wait_for(lambda: not still_interruptible(cluster, thread), DEADLINE,
+                           lambda: f"no Interrupt button left: {still_interruptible(cluster, thread)}")
+    assert len([m for m in cluster.fake.messages_in(CHAT_ID, thread) if (m.text or "").startswith("step")]) >= 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from topicbus.core.budget import Priority
 from topicbus.core.output import (AsFile, Extend, Idle, LiveMessage, NewMessage, OutputConfig, Ping, QueuedItem,
-                                  Single, StreamState, TopicTurn, Wait, plan)
+                                  Single, StreamState, TopicTurn, Unbutton, Wait, plan)
 
 CFG = OutputConfig(max_message=100, file_threshold=300, live_window_ms=60_000, edit_interval_ms=4_000, quiet_ms=3_000)
 
@@ -137,3 +137,33 @@ def test_the_end_of_a_stream_goes_as_one_notifying_message_and_owes_no_ping() ->
     turn.follower_left()
     long = [text(i, 60, arrived_ms=9_900) for i in range(1, 4)]
     assert plan(long, turn.stream, 10_000, CFG) == NewMessage((long[0],), notify=False)
+
+
+def test_only_a_running_streams_latest_message_keeps_its_interrupt_button() -> None:
+    turn = TopicTurn()
+    turn.sent_message(1_000, notify=False, message_id=5, fmt="pre", raw="a", units=1, growable=True, arrived_ms=1_000)
+    turn.carried_button(5, True)
+    assert plan([], turn.stream, 1_500, CFG) == Wait(4_000)  # the stream runs: its one button stays
+    turn.sent_message(2_000, notify=False, message_id=6, fmt="pre", raw="b", units=1, growable=True, arrived_ms=2_000)
+    turn.carried_button(6, True)
+    assert plan([text(9)], turn.stream, 2_100, CFG) != Unbutton(5)  # output first
+    assert plan([], turn.stream, 2_100, CFG) == Unbutton(5)  # tidying, while the ping is not due yet
+    turn.carried_button(5, False)
+    assert plan([], turn.stream, 2_100, CFG) == Wait(5_000)
+    assert plan([], turn.stream, 5_000, CFG) == Ping()
+    turn.pinged(5_000)
+    assert plan([], turn.stream, 5_000, CFG) == Unbutton(6)  # the stream ended: no button stays
+    turn.carried_button(6, False)
+    assert plan([], turn.stream, 5_000, CFG) == Idle()
+
+
+def test_an_edit_without_the_button_takes_it_off_and_the_owner_ends_the_turn() -> None:
+    turn = TopicTurn()
+    turn.sent_message(1_000, notify=False, message_id=5, fmt="pre", raw="a", units=1, growable=True, arrived_ms=1_000)
+    turn.carried_button(5, True)
+    turn.extended(5_000, "a\nb", 3, arrived_ms=5_000)
+    turn.carried_button(5, False)  # the edit went out without it (its process is gone)
+    assert turn.stream.buttons == []
+    turn.carried_button(5, True)
+    turn.owner_spoke()
+    assert plan([], turn.stream, 5_100, CFG) == Unbutton(5)
