@@ -24,11 +24,16 @@ payloads needed) and the topic's stream state:
   keeps one, and once the stream ended (its ping, a notifying message, the owner spoke) none does.
   An edit that grows the live message without the button removes it at no cost; any other button
   owed removal is taken off by an :class:`Unbutton` step, planned only when nothing else of the
-  topic is due, at the lowest priority.
+  topic is due, at the lowest priority;
+* a **prompt** alone (:func:`prompt_only`: a shell's ``root@vm:/tmp/shop#``, a REPL's ``>>>``) is
+  never a message of its own while the topic's latest message is the live one: it is appended to
+  that message by an edit, which also takes its Interrupt button off (the program waits for input),
+  and it owes no ping (a ``✓`` line would hold only the prompt).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +42,15 @@ from topicbus.core.formatting import MAX_MESSAGE
 
 TEXT_KINDS = frozenset({"text", "notice"})
 SEPARATOR_UNITS = 1  # coalesced items are joined with one "\n"
+PROMPT_CHARS = 200
+_PROMPT_END = re.compile(r"(?:[$#>%»]|\.\.\.)$")
+
+
+def prompt_only(text: str) -> bool:
+    """Whether ``text`` is one short line that ends like a shell's or a REPL's prompt (``$``, ``#``,
+    ``>``, ``%``, ``»``, ``...``): what a program shows when it waits for input."""
+    line = text.strip("\n").rstrip()
+    return bool(line) and "\n" not in line and len(line) <= PROMPT_CHARS and _PROMPT_END.search(line) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +244,9 @@ class TopicTurn:
             if growable and message_id is not None else None
 
     def extended(self, now_ms: int, raw: str, units: int, arrived_ms: int | None = None,
-                 owner_turns: int | None = None) -> None:
-        """The live message grew by an edit (``owner_turns`` as for :meth:`sent_message`)."""
+                 owner_turns: int | None = None, *, prompt: bool = False) -> None:
+        """The live message grew by an edit (``owner_turns`` as for :meth:`sent_message`); ``prompt``:
+        the edit added only a prompt, which owes no ping of its own."""
         s = self.stream
         s.last_sent_ms = now_ms
         s.last_line = _last_line(raw) or s.last_line
@@ -240,7 +255,7 @@ class TopicTurn:
         s.live.raw, s.live.units, s.live.last_edit_ms = raw, units, now_ms
         if arrived_ms is not None:
             s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
-        s.owes_ping = True
+        s.owes_ping = s.owes_ping or not prompt
 
     def carried_button(self, message_id: int | None, carried: bool) -> None:
         """A message went out or was edited with (``carried``) or without the Interrupt button."""

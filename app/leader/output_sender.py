@@ -35,7 +35,7 @@ from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
 from topicbus.core.budget import Priority
 from topicbus.core.formatting import MAX_CAPTION, Rendered, as_plain, render, split, tail, utf16_len
 from topicbus.core.output import (AsFile, Extend, NewMessage, OutputConfig, Ping, QueuedItem, Single, TopicTurn,
-                                  Unbutton, coalescible, fitting)
+                                  Unbutton, coalescible, fitting, prompt_only)
 from topicbus.leader.keyboards import Keyboards, keys
 from topicbus.leader.term import LeaderTerm
 from topicbus.retry import Backoff
@@ -149,6 +149,13 @@ class OutputSender:
         owner_turns = topic.turn.stream.owner_turns
         raw, payloads = await self._texts(step.items)
         head = step.items[0]
+        live = topic.turn.stream.live
+        if (len(step.items) == 1 and head.kind == "text" and not head.has_buttons and live is not None
+                and live.fmt == head.fmt and prompt_only(raw)
+                and live.units + 1 + utf16_len(raw) <= self._output.max_message):
+            # A prompt alone, and the topic's latest message is the live one: it joins that message.
+            await self._extend(key, topic, Extend(step.items), now)
+            return
         buttons = payloads.get(head.id, {}).get("buttons") if head.has_buttons else None
         keyboard = await self._keyboard(key, head.id, step.items[-1].id, buttons, printing=not step.notify)
         markup = keys(keyboard) if keyboard is not None else None
@@ -229,13 +236,14 @@ class OutputSender:
         assert live is not None
         owner_turns = topic.turn.stream.owner_turns
         added, _ = await self._texts(step.items)
+        prompt = prompt_only(added)  # the stream stops at a prompt: its last edit, without the button
         raw = f"{live.raw}\n{added}"
         rendered = render(raw, live.fmt)
         if rendered.length > self._output.max_message:
             topic.turn.stream.live = None  # no room after rendering: the next turn starts a new message
             return
         chat = key[0]
-        keyboard = await self._growing_keyboard(key, live.message_id, step.items[-1].id)
+        keyboard = None if prompt else await self._growing_keyboard(key, live.message_id, step.items[-1].id)
         markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(key, True, lambda: self._gateway.edit_message(chat, live.message_id, rendered,
                                                                             buttons=markup))
@@ -247,7 +255,8 @@ class OutputSender:
             return
         if await self._settle(key, topic, step.items, result, live.message_id):
             topic.turn.extended(int(time.monotonic() * 1000), raw, utf16_len(raw),
-                                arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns)
+                                arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns,
+                                prompt=prompt)
             await self._carried(key, keyboard, live.message_id, live=topic.turn.stream.live is not None)
             topic.turn.carried_button(live.message_id, _interrupts(keyboard))  # an edit without it took it off
             self.stats.edits += 1

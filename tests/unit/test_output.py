@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from topicbus.core.budget import Priority
 from topicbus.core.output import (AsFile, Extend, Idle, LiveMessage, NewMessage, OutputConfig, Ping, QueuedItem,
-                                  Single, StreamState, TopicTurn, Unbutton, Wait, plan)
+                                  Single, StreamState, TopicTurn, Unbutton, Wait, plan, prompt_only)
 
 CFG = OutputConfig(max_message=100, file_threshold=300, live_window_ms=60_000, edit_interval_ms=4_000, quiet_ms=3_000)
 
@@ -167,3 +167,20 @@ def test_an_edit_without_the_button_takes_it_off_and_the_owner_ends_the_turn() -
     turn.carried_button(5, True)
     turn.owner_spoke()
     assert plan([], turn.stream, 5_100, CFG) == Unbutton(5)
+
+
+def test_a_prompt_is_one_short_line_that_ends_like_a_shells_or_a_repls() -> None:
+    for prompt in ("root@vm:/tmp/shop#", "user@host:~$ ", ">>>", "sqlite>", "...", "> ", "% "):
+        assert prompt_only(prompt), prompt
+    for text in ("built 3 targets", "line 1\nroot@vm:/tmp/shop#", "", "   ", "#" * 201, "done."):
+        assert not prompt_only(text), text
+
+
+def test_a_prompt_appended_by_an_edit_owes_no_ping_of_its_own() -> None:
+    turn = TopicTurn()
+    turn.sent_message(1_000, notify=True, message_id=5, fmt="pre", raw="built", units=5, growable=True,
+                      arrived_ms=1_000)
+    turn.extended(5_000, "built\n$", 7, arrived_ms=1_300, prompt=True)
+    assert not turn.stream.owes_ping and plan([], turn.stream, 9_000, CFG) == Idle()
+    turn.extended(9_000, "built\n$\nmore", 12, arrived_ms=9_000)
+    assert turn.stream.owes_ping  # real output after it does
