@@ -24,7 +24,7 @@ payloads needed) and the topic's stream state:
   keeps one, and once the stream ended (its ping, a notifying message, the owner spoke) none does.
   An edit that grows the live message without the button removes it at no cost; any other button
   owed removal is taken off by an :class:`Unbutton` step, planned only when nothing else of the
-  topic is due, at the lowest priority;
+  topic is due, at the lowest priority (the scheduler also holds it while output is held back);
 * a **prompt** alone (:func:`prompt_only`: a shell's ``root@vm:/tmp/shop#``, a REPL's ``>>>``) is
   never a message of its own while the topic's latest message is the live one: it is appended to
   that message by an edit, which also takes its Interrupt button off (the program waits for input),

@@ -51,6 +51,7 @@ from topicbus.storage.outbox import OutboxRepository
 CALL_DEADLINE_S = 60.0
 WAKE_DEBOUNCE_S = 0.02
 STEPS_IN_FLIGHT = 4  # topics with a step in progress at once (each topic at most one)
+PRESSURE_RECHECK_S = 1.0  # an Unbutton step skipped under pressure is looked at again this soon
 SKIPPED = "skipped under pressure"
 
 
@@ -303,6 +304,9 @@ class OutboundScheduler:
                 continue
             if isinstance(step, Wait):
                 next_at = min(next_at, step.until_ms / 1000)
+                continue
+            if isinstance(step, Unbutton) and pressure:  # tidying waits while output is held back
+                next_at = min(next_at, now + PRESSURE_RECHECK_S)
                 continue
             priority, spends = self._cost(step)
             ready = max(topic.paused_until, self.budget.ready_at(now, priority, spends=spends, pending=pending))
