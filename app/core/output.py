@@ -26,11 +26,21 @@ payloads needed) and the topic's stream state:
 * a stream known to have **ended** (its follower left gracefully: ``follow`` handed over the
   program's last output and its exit notice) sends what is left as one notifying message when it
   fits in one, instead of a silent message (or edit) followed by a ping that would repeat its last
-  line.
+  line;
+* **Interrupt buttons** (:attr:`StreamState.buttons`): while a stream runs only its latest message
+  keeps one, and once the stream ended (its ping, a notifying message, the owner spoke) none does.
+  An edit that grows the live message without the button removes it at no cost; any other button
+  owed removal is taken off by an :class:`Unbutton` step, planned only when nothing else of the
+  topic is due, at the lowest priority (the scheduler also holds it while output is held back);
+* a **prompt** alone (:func:`prompt_only`: a shell's ``root@vm:/tmp/shop#``, a REPL's ``>>>``) is
+  never a message of its own while the topic's latest message is the live one: it is appended to
+  that message by an edit, which also takes its Interrupt button off (the program waits for input),
+  and it owes no ping (a ``✓`` line would hold only the prompt).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +49,15 @@ from topicbus.core.formatting import MAX_MESSAGE
 
 TEXT_KINDS = frozenset({"text", "notice"})
 SEPARATOR_UNITS = 1  # coalesced items are joined with one "\n"
+PROMPT_CHARS = 200
+_PROMPT_END = re.compile(r"(?:[$#>%»]|\.\.\.)$")
+
+
+def prompt_only(text: str) -> bool:
+    """Whether ``text`` is one short line that ends like a shell's or a REPL's prompt (``$``, ``#``,
+    ``>``, ``%``, ``»``, ``...``): what a program shows when it waits for input."""
+    line = text.strip("\n").rstrip()
+    return bool(line) and "\n" not in line and len(line) <= PROMPT_CHARS and _PROMPT_END.search(line) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +123,13 @@ class StreamState:
     screen: ScreenMessage | None = None
     ending: bool = False  # the follower left: what is still queued is the end of the stream
     owner_turns: int = 0  # how often the owner has spoken here: a send started before the last one lands above it
+    buttons: list[int] = field(default_factory=list)  # messages that carry the Interrupt button, oldest first
+
+
+def stale_buttons(stream: StreamState) -> list[int]:
+    """The messages whose Interrupt button is owed removal: all but the latest while the stream
+    runs (a ping is owed), all of them once it ended."""
+    return stream.buttons[:-1] if stream.owes_ping else list(stream.buttons)
 
 
 # --- plans -----------------------------------------------------------------------------------------
@@ -149,6 +175,13 @@ class Ping:
 
 
 @dataclass(frozen=True)
+class Unbutton:
+    """Take the Interrupt button off an earlier message (lowest priority)."""
+
+    message_id: int
+
+
+@dataclass(frozen=True)
 class Wait:
     until_ms: int
 
@@ -158,7 +191,7 @@ class Idle:
     pass
 
 
-Plan = Single | NewMessage | Extend | AsFile | NewScreen | EditScreen | Ping | Wait | Idle
+Plan = Single | NewMessage | Extend | AsFile | NewScreen | EditScreen | Ping | Unbutton | Wait | Idle
 
 
 def coalescible(queue: Sequence[QueuedItem]) -> list[QueuedItem]:
@@ -211,10 +244,13 @@ def fitting(items: Sequence[QueuedItem], room: int) -> list[QueuedItem]:
 def plan(queue: Sequence[QueuedItem], stream: StreamState, now_ms: int, cfg: OutputConfig = OutputConfig()) -> Plan:
     """The one next send for a topic (see the module docstring)."""
     if not queue:
+        stale = stale_buttons(stream)
         if stream.owes_ping and stream.last_sent_ms is not None:
             due = max(stream.last_sent_ms, stream.last_output_ms or 0) + cfg.quiet_ms
-            return Ping() if now_ms >= due else Wait(due)
-        return Idle()
+            if now_ms >= due:
+                return Ping()
+            return Unbutton(stale[0]) if stale else Wait(due)
+        return Unbutton(stale[0]) if stale else Idle()
     head = queue[0]
     if head.kind not in TEXT_KINDS:
         return Single(head)
@@ -268,8 +304,9 @@ class TopicTurn:
             if growable and message_id is not None else None
 
     def extended(self, now_ms: int, raw: str, units: int, arrived_ms: int | None = None,
-                 owner_turns: int | None = None) -> None:
-        """The live message grew by an edit (``owner_turns`` as for :meth:`sent_message`)."""
+                 owner_turns: int | None = None, *, prompt: bool = False) -> None:
+        """The live message grew by an edit (``owner_turns`` as for :meth:`sent_message`); ``prompt``:
+        the edit added only a prompt, which owes no ping of its own."""
         s = self.stream
         s.last_sent_ms = now_ms
         s.last_line = _last_line(raw) or s.last_line
@@ -279,7 +316,17 @@ class TopicTurn:
         s.live.raw, s.live.units, s.live.last_edit_ms = raw, units, now_ms
         if arrived_ms is not None:
             s.last_output_ms = max(s.last_output_ms or 0, arrived_ms)
-        s.owes_ping = True
+        s.owes_ping = s.owes_ping or not prompt
+
+    def carried_button(self, message_id: int | None, carried: bool) -> None:
+        """A message went out or was edited with (``carried``) or without the Interrupt button."""
+        if message_id is None:
+            return
+        buttons = self.stream.buttons
+        if message_id in buttons:
+            buttons.remove(message_id)
+        if carried:
+            buttons.append(message_id)
 
     def screen_sent(self, now_ms: int, *, notify: bool, message_id: int | None, raw: str, arrived_ms: int) -> None:
         """A frame went out as a new screen message."""

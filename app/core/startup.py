@@ -6,6 +6,10 @@ are suppressed, so that an agent still on its way back is not taken for a depart
 window ends, one deferred pass runs. A stop (or a failed start) cancels the window: the deferred pass
 never runs, and scheduling is no longer suppressed. Direct reconcile calls are never suppressed.
 
+Other use cases that must not take an absent agent for a departed one during the window (the
+router's offline notice) ask :attr:`StartupWindow.settled` and add their own deferred step with
+:meth:`StartupWindow.when_settled`; it runs after the pass, only if the window ends.
+
 The window is pure state plus a :class:`Timers` port; PTB's JobQueue is the production timer.
 """
 
@@ -30,7 +34,12 @@ class StartupWindow:
         self._timers = timers
         self._on_settled = on_settled
         self._generation = 0
+        self._also: list[Callable[[], Awaitable[None]]] = []
         self.settled = True
+
+    def when_settled(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Run ``callback`` too when the window ends (after the deferred pass; never on a cancel)."""
+        self._also.append(callback)
 
     def begin(self) -> None:
         """The term is starting: suppress scheduled passes until the window is armed and expires."""
@@ -45,7 +54,12 @@ class StartupWindow:
             if generation != self._generation:
                 return
             self.settled = True
-            await self._on_settled()
+            try:
+                await self._on_settled()
+            finally:
+                for callback in self._also:
+                    if generation == self._generation:
+                        await callback()
 
         self._timers.once(STARTUP_JOB_ID, window_s, expire)
 

@@ -91,7 +91,9 @@ class OutputCapture:
             text = self._decoders[stream].decode(data)
             cleaned = self._cleaners[stream].feed(text)
             for other, cleaner in self._cleaners.items():  # keep the order across streams
-                if other != stream and cleaned and cleaner.line_open:
+                # A line another stream is still writing (a prompt: nothing of it posted yet) stays
+                # last: these lines go before it, as they do when both pipes are read at once.
+                if other != stream and cleaned and cleaner.line_started:
                     self.batcher.feed(cleaner.break_line(), now, drop_cause=cause)
             self.batcher.feed(cleaned, now, drop_cause=cause)
         self.batcher.touch(now)

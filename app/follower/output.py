@@ -137,6 +137,11 @@ class LineCleaner:
         return bool(self._held or self._escape)
 
     @property
+    def line_started(self) -> bool:
+        """The start of the line being written was returned already (the rest continues it)."""
+        return self._open
+
+    @property
     def line_open(self) -> bool:
         """A line is being written: part of it is held, or its start was returned already."""
         return self._open or self.has_partial

@@ -139,7 +139,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     # background, released into the binding's delivery (kick) once the transcript is in.
     transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=roster.hub.kick)
     router = Router(term, roster, gateway, notices, outbound, timers=timers, being_bound=being_bound,
-                    transcriber=transcriber)
+                    transcriber=transcriber, startup=display.startup)
     agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
     buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,

@@ -14,9 +14,10 @@ Which keyboard a message carries (the outbound scheduler asks :meth:`Keyboards.f
   process that printed it is registered now and takes controls (``control-v1``). A message that
   notifies (a whole answer that fits, the end of a stream) and the leader's notices carry none.
 
-The Interrupt button costs nothing: it rides on a send or an edit that goes out anyway. No edit
-is ever made just to remove it. The next edit of the live message drops it once the process is
-gone. A press on an older one reaches the agent only while the registration that printed it is the
+The Interrupt button costs nothing to add: it rides on a send or an edit that goes out anyway. Only a
+running stream's latest message keeps it: an edit that grows the live message drops it once the process
+is gone, and the outbound scheduler takes it off other messages, and off the last one once the stream
+ended, at its lowest priority (``core/output.Unbutton``). A press on an older one reaches the agent only while the registration that printed it is the
 live one; otherwise the presser gets an alert and nothing happens.
 """
 

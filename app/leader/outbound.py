@@ -41,7 +41,7 @@ from typing import Any
 from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
 from topicbus.core.budget import BudgetConfig, ChatBudget, Priority
 from topicbus.core.formatting import Rendered
-from topicbus.core.output import EditScreen, Idle, OutputConfig, Ping, Single, Wait, plan
+from topicbus.core.output import EditScreen, Idle, OutputConfig, Ping, Single, Unbutton, Wait, plan
 from topicbus.core.press_answers import PressAnswerConfig, scheduler_share
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicKey, TopicOutput
@@ -51,6 +51,7 @@ from topicbus.storage.outbox import OutboxRepository
 CALL_DEADLINE_S = 60.0
 WAKE_DEBOUNCE_S = 0.02
 STEPS_IN_FLIGHT = 4  # topics with a step in progress at once (each topic at most one)
+PRESSURE_RECHECK_S = 1.0  # an Unbutton step skipped under pressure is looked at again this soon
 SKIPPED = "skipped under pressure"
 
 
@@ -192,7 +193,7 @@ class OutboundScheduler:
         now = time.monotonic()
         stats = self.stats
         backlog = self.backlog().values()
-        spent = stats.messages + stats.edits + stats.files + stats.pings
+        spent = stats.messages + stats.edits + stats.files + stats.pings + stats.unbuttoned
         return {"topicbus_budget_used": self.budget.used(now),
                 "topicbus_budget_per_minute": self.budget.config.per_minute or 0,
                 "topicbus_budget_paused_seconds": max(0.0, self.budget.paused_until - now),
@@ -304,6 +305,9 @@ class OutboundScheduler:
             if isinstance(step, Wait):
                 next_at = min(next_at, step.until_ms / 1000)
                 continue
+            if isinstance(step, Unbutton) and pressure:  # tidying waits while output is held back
+                next_at = min(next_at, now + PRESSURE_RECHECK_S)
+                continue
             priority, spends = self._cost(step)
             # A screen's next frame can wait: it never takes the chat's last output sends from other topics.
             headroom = self._output.screen_headroom if isinstance(step, EditScreen) else 0
@@ -325,6 +329,8 @@ class OutboundScheduler:
     def _cost(step: Step) -> tuple[Priority, bool]:
         if isinstance(step, Ping):
             return Priority.OUTPUT, True
+        if isinstance(step, Unbutton):  # tidying: after every other call of every topic
+            return Priority.BACKGROUND, True
         items = step.items if hasattr(step, "items") else (step.item,)
         priority = min(i.priority for i in items)
         spends = not (isinstance(step, Single) and step.item.kind == "chatAction")

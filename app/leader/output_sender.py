@@ -10,7 +10,10 @@ counted when its answer came, and a ``RetryAfter`` pauses the chat before any ot
 
 Inline keyboards: a follower's buttons go under its message; while an agent prints, its silent stream
 messages, its live message (at each edit) and its output files carry the Interrupt button. Both ride on
-calls that go out anyway; no call is made for a keyboard alone.
+calls that go out anyway. The one call made for a keyboard alone takes an Interrupt button off a
+message that is no longer the stream's latest, or off the last one once the stream ended
+(:class:`~topicbus.core.output.Unbutton`, the lowest priority; an edit that grows the live message
+without it removes it for free).
 
 Durability: the rows one Telegram message covers are marked sent in one transaction after Telegram
 accepted it; a crash in between repeats at most that one message per topic. A row Telegram refused for
@@ -32,12 +35,12 @@ from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
 from topicbus.core.budget import Priority
 from topicbus.core.formatting import MAX_CAPTION, Rendered, as_plain, render, split, tail, utf16_len
 from topicbus.core.output import (AsFile, EditScreen, Extend, LiveMessage, NewMessage, NewScreen, OutputConfig, Ping,
-                                  QueuedItem, Single, TopicTurn, coalescible, fitting)
+                                  QueuedItem, Single, TopicTurn, Unbutton, coalescible, fitting, prompt_only)
 from topicbus.leader.keyboards import Keyboards, keys
 from topicbus.leader.term import LeaderTerm
 from topicbus.retry import Backoff
 from topicbus.storage.db import AuthorityLost
-from topicbus.storage.keyboards import Keyboard
+from topicbus.storage.keyboards import INTERRUPT, Keyboard
 from topicbus.storage.outbox import OutboxRepository
 
 TopicKey = tuple[int, int | None]
@@ -45,7 +48,7 @@ HEADS = 256  # the rows of a topic read for planning
 FILE_HEADS = 8192  # the rows read when a run goes out as a file (it may reach beyond the heads)
 MAX_BACKOFF_S = 30.0
 GONE_PAUSE_S = 30.0
-Step = Single | NewMessage | Extend | AsFile | NewScreen | EditScreen | Ping
+Step = Single | NewMessage | Extend | AsFile | NewScreen | EditScreen | Ping | Unbutton
 # The scheduler's wire: (priority, topic, spends, the call) -> its result, once the budget allowed it.
 Call = Callable[[Priority, TopicKey, bool, Callable[[], Awaitable[CallResult]]], Awaitable[CallResult]]
 
@@ -70,6 +73,7 @@ class OutboundStats:
     edits: int = 0
     files: int = 0
     pings: int = 0
+    unbuttoned: int = 0  # edits that only took an Interrupt button off
     units_sent: int = 0  # UTF-16 units of output text that went out
     failed: int = 0
 
@@ -110,6 +114,8 @@ class OutputSender:
             await self._as_file(key, topic, step, now)
         elif isinstance(step, NewScreen | EditScreen):
             await self._screen_frame(key, topic, step)
+        elif isinstance(step, Unbutton):
+            await self._unbutton(key, topic, step)
 
     async def _send(self, key: TopicKey, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]],
                     priority: Priority = Priority.OUTPUT) -> CallResult:
@@ -147,6 +153,13 @@ class OutputSender:
         owner_turns = topic.turn.stream.owner_turns
         raw, payloads = await self._texts(step.items)
         head = step.items[0]
+        live = topic.turn.stream.live
+        if (len(step.items) == 1 and head.kind == "text" and not head.has_buttons and live is not None
+                and live.fmt == head.fmt and prompt_only(raw)
+                and live.units + 1 + utf16_len(raw) <= self._output.max_message):
+            # A prompt alone, and the topic's latest message is the live one: it joins that message.
+            await self._extend(key, topic, Extend(step.items), now)
+            return
         buttons = payloads.get(head.id, {}).get("buttons") if head.has_buttons else None
         keyboard = await self._keyboard(key, head.id, step.items[-1].id, buttons, printing=not step.notify)
         markup = keys(keyboard) if keyboard is not None else None
@@ -172,6 +185,7 @@ class OutputSender:
                                     arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns)
             _keep_tail(topic, step.items, payloads)
             await self._carried(key, keyboard, message_id, live=topic.turn.stream.live is not None)
+            topic.turn.carried_button(message_id, _interrupts(keyboard))
             self.stats.messages += len(parts)
             if head.kind == "text":
                 self.stats.units_sent += utf16_len(raw)
@@ -227,13 +241,14 @@ class OutputSender:
         assert live is not None
         owner_turns = topic.turn.stream.owner_turns
         added, payloads = await self._texts(step.items)
+        prompt = prompt_only(added)  # the stream stops at a prompt: its last edit, without the button
         raw = f"{_without_tail(live)}\n{added}"
         rendered = render(raw, live.fmt)
         if rendered.length > self._output.max_message:
             topic.turn.stream.live = None  # no room after rendering: the next turn starts a new message
             return
         chat = key[0]
-        keyboard = await self._growing_keyboard(key, live.message_id, step.items[-1].id)
+        keyboard = None if prompt else await self._growing_keyboard(key, live.message_id, step.items[-1].id)
         markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(key, True, lambda: self._gateway.edit_message(chat, live.message_id, rendered,
                                                                             buttons=markup))
@@ -245,9 +260,11 @@ class OutputSender:
             return
         if await self._settle(key, topic, step.items, result, live.message_id):
             topic.turn.extended(int(time.monotonic() * 1000), raw, utf16_len(raw),
-                                arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns)
+                                arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns,
+                                prompt=prompt)
             _keep_tail(topic, step.items, payloads)
             await self._carried(key, keyboard, live.message_id, live=topic.turn.stream.live is not None)
+            topic.turn.carried_button(live.message_id, _interrupts(keyboard))  # an edit without it took it off
             self.stats.edits += 1
             self.stats.units_sent += utf16_len(added)
 
@@ -346,6 +363,7 @@ class OutputSender:
                                     fmt=items[0].fmt, raw=raw, units=utf16_len(raw), growable=False,
                                     arrived_ms=max(i.arrived_ms for i in items))
             await self._carried(key, keyboard, message_id, live=False)
+            topic.turn.carried_button(message_id, _interrupts(keyboard))
             self.stats.files += 1
             self.stats.units_sent += utf16_len(raw)
 
@@ -358,6 +376,20 @@ class OutputSender:
         self._live_keyboards.pop(key, None)
         if result.ok:
             self.stats.pings += 1
+
+    async def _unbutton(self, key: TopicKey, topic: TopicOutput, step: Unbutton) -> None:
+        """Take the Interrupt button off a message that is no longer the end of a running stream. Any
+        answer but a RetryAfter settles it: a message gone or already without buttons is not retried."""
+        result = await self._send(key, True, lambda: self._gateway.edit_buttons(key[0], step.message_id, None),
+                                  Priority.BACKGROUND)
+        if result.outcome is Outcome.RETRY_AFTER:
+            return
+        topic.turn.carried_button(step.message_id, False)
+        current = self._live_keyboards.get(key)
+        if current is not None and current.message_id == step.message_id:
+            self._live_keyboards.pop(key, None)  # a later edit of it asks for a new one
+        if result.ok:
+            self.stats.unbuttoned += 1
 
     # --- outcomes -----------------------------------------------------------------------------------
     async def _settle(self, key: TopicKey, topic: TopicOutput, items: tuple[QueuedItem, ...], result: CallResult,
@@ -439,3 +471,7 @@ def _without_tail(live: LiveMessage) -> str:
     if live.tail and live.raw.endswith(live.tail):
         return live.raw[: len(live.raw) - len(live.tail)].rstrip("\n")
     return live.raw
+
+
+def _interrupts(keyboard: Keyboard | None) -> bool:
+    return keyboard is not None and keyboard.kind == INTERRUPT

@@ -36,7 +36,7 @@ from loguru import logger
 
 from topicbus.bot.gateway import FileStream
 from topicbus.core.registry import FollowerRecord
-from topicbus.core.startup import Timers
+from topicbus.core.startup import StartupWindow, Timers
 from topicbus.leader.delivery import FollowerConnection
 from topicbus.leader.inbound import combine_album, too_large_files, too_large_notice
 from topicbus.leader.notices import Notices
@@ -90,8 +90,14 @@ class Router:
     def __init__(self, term: LeaderTerm, roster: Roster, gateway: ScheduledGateway, notices: Notices,
                  outbound: OutboundScheduler, *, timers: Timers | None = None,
                  album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None,
-                 transcriber: Transcriber | None = None):
+                 transcriber: Transcriber | None = None, startup: StartupWindow | None = None):
         self._term = term
+        # After a leader start, agents are still reconnecting: no one is told an agent is offline
+        # until the startup window ends, and then only about agents still absent.
+        self._startup = startup
+        self._offline_due: set[str] = set()
+        if startup is not None:
+            startup.when_settled(self._notify_still_absent)
         self._being_bound = being_bound or TopicsBeingBound()
         self._transcriber = transcriber
         self._timers = timers
@@ -236,6 +242,8 @@ class Router:
                     await self._roster.hub.deliver_new(key, group)
                     if received_at is not None:
                         self.latency.add_many((time.perf_counter() - received_at) * 1000.0, len(group))
+                elif self._startup is not None and not self._startup.settled:
+                    self._offline_due.add(key)  # its reconnect is due: told only if it is still absent
                 else:
                     await self._notify_offline(key, authority)
             for key, group_id in full:
@@ -324,6 +332,24 @@ class Router:
             return
         if sealed and self._roster.is_routed(binding_key):
             await self._roster.hub.kick(binding_key)
+
+    async def _notify_still_absent(self) -> None:
+        """The startup window ended: the offline notice for each agent a message waited for during it
+        that is still absent."""
+        due, self._offline_due = self._offline_due, set()
+        absent = [key for key in sorted(due) if not self._roster.is_routed(key)]
+        logger.bind(phase="startup").debug("startup window over: {} agent(s) had messages, {} still absent",
+                                           len(due), len(absent))
+        authority = self._term.current()
+        if authority is None:
+            return
+        for key in absent:
+            try:
+                await self._notify_offline(key, authority)
+            except AuthorityLost:
+                return
+            except Exception as exc:  # noqa: BLE001 - a notice is never worth failing the window's end
+                self._term.events.record(exc, phase="offline-notice", level="WARNING")
 
     async def _notify_offline(self, binding_key: str, authority: Authority) -> None:
         async with self._term.unit_of_work(authority) as uow:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 import sqlite3
 import textwrap
 import time
@@ -312,3 +313,99 @@ async def test_an_owners_press_storm_on_an_answered_prompt_does_not_delay_anothe
     # The press that counted reached the agent once; the storm typed nothing more.
     await storm.echo_s("after", DEADLINE)
     assert "\n".join(cluster.texts_in(storm.prompt_thread)).count("answer=") == 1
+
+
+# --- a yes/no question with stderr around it (issue 21) ----------------------------------------------------
+
+# A warning on stderr, the question on stdout, and (in the Python script) a second warning a tenth of a
+# second after the question (a library warning as the answer is awaited), before the answer is read. The shell script is the trial's: it writes both before
+# follow's first read, so both pipes are read at once.
+WARNS_THEN_ASKS = {
+    "python": [sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        sys.stderr.write("warning: the config file is older than the code\\n"); sys.stderr.flush()
+        sys.stdout.write("Deploy v1.4.2 to production? [y/N] "); sys.stdout.flush()
+        time.sleep(0.1)
+        sys.stderr.write("warning: 2 replicas are behind\\n"); sys.stderr.flush()
+        answer = sys.stdin.readline().strip()
+        print("deploying" if answer == "y" else "aborted", flush=True)
+        sys.stdin.readline()
+    """)],
+    "sh": ["sh", "-c", 'echo "warning: the config file is older than the code" >&2; '
+                       'printf "Deploy v1.4.2 to production? [y/N] "; read answer; '
+                       'if [ "$answer" = y ]; then echo deploying; else echo aborted; fi; read rest'],
+}
+
+
+@pytest.mark.parametrize("program", sorted(WARNS_THEN_ASKS))
+async def test_a_question_after_stderr_warnings_keeps_its_buttons_and_comes_after_them(cluster: Cluster,
+                                                                                       program: str):
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_polling()
+    work = cluster.tmp / "deploy"
+    work.mkdir()
+    await cluster.spawn("follow-deploy", ["follow", "--cwd", str(work), "--", *WARNS_THEN_ASKS[program]])
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    question = "Deploy v1.4.2 to production? [y/N]"
+    await cluster.wait_for(lambda: question in cluster.lines_in(thread), DEADLINE,
+                           lambda: f"the question: {cluster.texts_in(thread)}")
+    lines = cluster.lines_in(thread)
+    warning = "⚠ warning: the config file is older than the code"
+    assert warning in lines and lines.index(warning) < lines.index(question), lines
+    asking = keyed(cluster, thread, question)
+    assert asking is not None, [(m.text, m.reply_markup) for m in cluster.fake.messages_in(CHAT_ID, thread)]
+    assert list(callbacks(asking)) == ["Yes", "No"]
+    yes = press(cluster, asking, "Yes")
+    await cluster.wait_text(thread, "deploying")
+    assert await answer(cluster, yes) == (SENT.format(label="Yes"), False)
+    assert "aborted" not in "\n".join(cluster.texts_in(thread))
+
+
+# --- no Interrupt button left once a run ended (issue 21) -----------------------------------------------
+
+# Prints a line every 0.25 s for about 7 s; then either waits for input ("stops") or exits.
+RUN_THEN = textwrap.dedent("""
+    import sys, time
+    print("agent ready", flush=True)
+    sys.stdin.readline()
+    for step in range(28):
+        print(f"step {step} " + "." * 60, flush=True)
+        time.sleep(0.25)
+    print("run over", flush=True)
+    if sys.argv[1] == "stops":
+        sys.stdin.readline()
+""")
+
+
+def interrupt_buttons_sent(cluster: Cluster) -> int:
+    """Sends and edits that carried the Interrupt button so far."""
+    return sum(1 for method in ("sendMessage", "editMessageText") for call in cluster.fake.calls_to(method)
+               if INTERRUPT_LABEL in json.dumps(call.params.get("reply_markup") or "", ensure_ascii=False))
+
+
+def still_interruptible(cluster: Cluster, thread: int) -> list[int | None]:
+    return [m.message_id for m in cluster.fake.messages_in(CHAT_ID, thread)
+            if m.reply_markup and INTERRUPT_LABEL in json.dumps(m.reply_markup, ensure_ascii=False)]
+
+
+@pytest.mark.parametrize("end", ["stops", "exits"])
+async def test_no_message_keeps_the_interrupt_button_once_a_run_ended(cluster: Cluster, end: str):
+    # A live message grows for 3 s at most, so the run spreads over several messages.
+    await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false", TOPICBUS_LIVE_MESSAGE_S="3")
+    await cluster.wait_polling()
+    work = cluster.tmp / "run"
+    work.mkdir()
+    await cluster.spawn("follow-run", ["follow", "--cwd", str(work), "--", sys.executable, "-u", "-c", RUN_THEN, end])
+    thread = (await cluster.wait_follower_topic(work))["threadId"]
+    await cluster.wait_text(thread, "agent ready")
+    cluster.fake.push_message(CHAT_ID, "go", thread_id=thread, from_id=OWNER_ID)
+    await cluster.wait_text(thread, "run over", DEADLINE)
+    if end == "exits":
+        await cluster.wait_text(thread, "⏹ exited with code 0", DEADLINE)
+    else:  # the stream's end: the one notifying line after it went quiet
+        await cluster.wait_for(lambda: any(t.startswith("✓") for t in cluster.texts_in(thread)), DEADLINE,
+                               lambda: f"the end of the stream: {cluster.texts_in(thread)}")
+    assert interrupt_buttons_sent(cluster) >= 1, "the run's messages carried the Interrupt button while it printed"
+    await cluster.wait_for(lambda: not still_interruptible(cluster, thread), DEADLINE,
+                           lambda: f"no Interrupt button left: {still_interruptible(cluster, thread)}")
+    assert len([m for m in cluster.fake.messages_in(CHAT_ID, thread) if (m.text or "").startswith("step")]) >= 2

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.harness import CHAT_ID, OWNER_ID, SECRET, Cluster, RawBus, register_frame
+from topicbus.leader.routing import OFFLINE_NOTICE
 from topicbus.protocol import Capabilities, follower_identity, heartbeat_frame, receipt_frame, send_frame, text_message
 
 pytestmark = pytest.mark.e2e
@@ -280,3 +283,45 @@ async def test_follow_types_each_file_as_kind_and_path_and_replies_and_edits_onl
     assert all(p.parent == work / ".topicbus" / "inbox" for p in saved)
     if not context:  # the edit never reached the agent, and the topic says so
         await cluster.wait_text(thread, "does not take edits")
+
+
+# --- no false "offline" after a leader restart (issue 21) -----------------------------------------------
+
+WINDOW_MS = "8000"  # the restarted leader's startup window (FOLLOWER_STALE_AFTER_MS)
+
+
+def offline_notices(cluster: Cluster, thread: int) -> list[str]:
+    return [t for t in cluster.texts_in(thread) if t == OFFLINE_NOTICE]
+
+
+async def test_an_agent_that_reconnects_after_a_leader_restart_is_never_called_offline(cluster: Cluster):
+    leader, follower, thread = await cluster.leader_with_follower(cluster.tmp / "shop")
+    # The leader stops; the owner types while it is down; the agent's reconnect is late: follow is
+    # stopped (SIGSTOP) until the new leader has taken the message, then goes on and reconnects.
+    leader.kill(signal.SIGTERM)
+    await leader.wait()
+    os.kill(follower.pid, signal.SIGSTOP)
+    try:
+        cluster.fake.push_message(CHAT_ID, "status please", thread_id=thread, from_id=OWNER_ID)
+        second = await cluster.start_leader(TOPICBUS_FOLLOWER_STALE_AFTER_MS=WINDOW_MS)
+        await cluster.wait_for(lambda: not cluster.fake.pending_updates(), message="the message taken")
+    finally:
+        os.kill(follower.pid, signal.SIGCONT)
+    await cluster.wait_text(thread, "echo: status please")
+    assert offline_notices(cluster, thread) == [], cluster.texts_in(thread)
+    await cluster.wait_for(lambda: "startup window over: 1 agent(s) had messages, 0 still absent" in second.log(),
+                           message="the startup window over")
+    assert offline_notices(cluster, thread) == [], cluster.texts_in(thread)
+
+
+async def test_an_agent_still_absent_when_the_startup_window_ends_is_called_offline(cluster: Cluster):
+    leader, follower, thread = await cluster.leader_with_follower(cluster.tmp / "shop")
+    leader.kill(signal.SIGTERM)
+    await leader.wait()
+    os.killpg(follower.pid, signal.SIGKILL)  # the agent is gone for good
+    await follower.wait()
+    cluster.fake.push_message(CHAT_ID, "anyone there?", thread_id=thread, from_id=OWNER_ID)
+    await cluster.start_leader(TOPICBUS_FOLLOWER_STALE_AFTER_MS="3000", TOPICBUS_THREAD_CLEANUP="false")
+    await cluster.wait_for(lambda: offline_notices(cluster, thread), 30,
+                           lambda: f"the offline notice: {cluster.texts_in(thread)}")
+    assert len(offline_notices(cluster, thread)) == 1

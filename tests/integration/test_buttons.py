@@ -62,8 +62,11 @@ def callbacks(message: SentMessage) -> list[tuple[str, str]]:
     return [(b["text"], b["callback_data"]) for row in (message.reply_markup or {})["inline_keyboard"] for b in row]
 
 
-def press(env: LeaderEnv, message: SentMessage, label: str, *, from_id: int = DEFAULT_USER_ID) -> dict[str, Any]:
-    data = dict(callbacks(message))[label]
+def press(env: LeaderEnv, message: SentMessage, label: str, *, from_id: int = DEFAULT_USER_ID,
+          data: str | None = None) -> dict[str, Any]:
+    """A press on ``message``'s button ``label`` (``data``: its callback data, from a phone that still
+    shows a button the message no longer has)."""
+    data = data or dict(callbacks(message))[label]
     assert message.message_id is not None
     return env.fake.push_callback_query(CHAT, message.message_id, data, from_id=from_id,
                                         first_name="Owner" if from_id == DEFAULT_USER_ID else "Stranger")
@@ -289,7 +292,9 @@ async def test_the_interrupt_button_rides_on_the_printing_agents_live_message(en
     (control,) = await polled.wait_items("a", 1)
     assert control == {"type": "control", "action": "interrupt", "messageId": live.message_id}
     assert await answer(env, owner) == (INTERRUPTED, False)
-    assert live.reply_markup is not None  # it stays: removing it would cost an edit
+    # The owner's press ended the turn: the button comes off, by an edit of its own at the lowest priority.
+    await env.fake.wait_for(lambda: live.reply_markup is None, WAIT, "the Interrupt button taken off")
+    assert live.text == "a step 1\na step 2" and live.edits == 1
 
     # A follower without control-v1, and a whole answer that fits in one message: no button.
     quiet = (await env.register("q", cwd="/q"))["threadId"]
@@ -305,12 +310,13 @@ async def test_the_interrupt_button_reaches_only_the_generation_that_printed_it(
     await polled.start()
     thread = (await env.register("a", cwd="/w", protocol=caps("control")))["threadId"]
     live = await printing(env, "a", thread)
+    data = dict(callbacks(live))[INTERRUPT_LABEL]  # a phone may show it after the press took it off
 
     await env.register("a", cwd="/w", generation="g2", protocol=caps("control"))  # it reconnected
-    reconnected = press(env, live, INTERRUPT_LABEL)
+    reconnected = press(env, live, INTERRUPT_LABEL, data=data)
     assert await answer(env, reconnected) == (INTERRUPT_REFUSED["earlier-process"], True)
     await env.register("b", cwd="/w", generation="g3", protocol=caps("control"))  # a successor process
-    successor = press(env, live, INTERRUPT_LABEL)
+    successor = press(env, live, INTERRUPT_LABEL, data=data)
     assert await answer(env, successor) == (INTERRUPT_REFUSED["earlier-process"], True)
     await polled.confirmed()
     assert polled.items("a") == [] and polled.items("b") == []

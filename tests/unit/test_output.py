@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from topicbus.core.budget import Priority
 from topicbus.core.output import (AsFile, EditScreen, Extend, Idle, LiveMessage, NewMessage, NewScreen, OutputConfig,
-                                  Ping, QueuedItem, Single, StreamState, TopicTurn, Wait, plan)
+                                  Ping, QueuedItem, Single, StreamState, TopicTurn, Unbutton, Wait, plan, prompt_only)
 
 CFG = OutputConfig(max_message=100, file_threshold=300, live_window_ms=60_000, edit_interval_ms=4_000, quiet_ms=3_000)
 
@@ -170,3 +170,50 @@ def test_a_frame_with_output_behind_it_is_the_last_and_goes_at_once_then_the_scr
 
 def test_frames_are_never_coalesced_with_output() -> None:
     assert plan([text(1), frame(2)], StreamState(), 10_000, CFG) == NewMessage((text(1),), notify=False)
+
+
+def test_only_a_running_streams_latest_message_keeps_its_interrupt_button() -> None:
+    turn = TopicTurn()
+    turn.sent_message(1_000, notify=False, message_id=5, fmt="pre", raw="a", units=1, growable=True, arrived_ms=1_000)
+    turn.carried_button(5, True)
+    assert plan([], turn.stream, 1_500, CFG) == Wait(4_000)  # the stream runs: its one button stays
+    turn.sent_message(2_000, notify=False, message_id=6, fmt="pre", raw="b", units=1, growable=True, arrived_ms=2_000)
+    turn.carried_button(6, True)
+    assert plan([text(9)], turn.stream, 2_100, CFG) != Unbutton(5)  # output first
+    assert plan([], turn.stream, 2_100, CFG) == Unbutton(5)  # tidying, while the ping is not due yet
+    turn.carried_button(5, False)
+    assert plan([], turn.stream, 2_100, CFG) == Wait(5_000)
+    assert plan([], turn.stream, 5_000, CFG) == Ping()
+    turn.pinged(5_000)
+    assert plan([], turn.stream, 5_000, CFG) == Unbutton(6)  # the stream ended: no button stays
+    turn.carried_button(6, False)
+    assert plan([], turn.stream, 5_000, CFG) == Idle()
+
+
+def test_an_edit_without_the_button_takes_it_off_and_the_owner_ends_the_turn() -> None:
+    turn = TopicTurn()
+    turn.sent_message(1_000, notify=False, message_id=5, fmt="pre", raw="a", units=1, growable=True, arrived_ms=1_000)
+    turn.carried_button(5, True)
+    turn.extended(5_000, "a\nb", 3, arrived_ms=5_000)
+    turn.carried_button(5, False)  # the edit went out without it (its process is gone)
+    assert turn.stream.buttons == []
+    turn.carried_button(5, True)
+    turn.owner_spoke()
+    assert plan([], turn.stream, 5_100, CFG) == Unbutton(5)
+
+
+def test_a_prompt_is_one_short_line_that_ends_like_a_shells_or_a_repls() -> None:
+    for prompt in ("root@vm:/tmp/shop#", "user@host:~$ ", ">>>", "sqlite>", "...", "> ", "% "):
+        assert prompt_only(prompt), prompt
+    for text in ("built 3 targets", "line 1\nroot@vm:/tmp/shop#", "", "   ", "#" * 201, "done."):
+        assert not prompt_only(text), text
+
+
+def test_a_prompt_appended_by_an_edit_owes_no_ping_of_its_own() -> None:
+    turn = TopicTurn()
+    turn.sent_message(1_000, notify=True, message_id=5, fmt="pre", raw="built", units=5, growable=True,
+                      arrived_ms=1_000)
+    turn.extended(5_000, "built\n$", 7, arrived_ms=1_300, prompt=True)
+    assert not turn.stream.owes_ping and plan([], turn.stream, 9_000, CFG) == Idle()
+    turn.extended(9_000, "built\n$\nmore", 12, arrived_ms=9_000)
+    assert turn.stream.owes_ping  # real output after it does
