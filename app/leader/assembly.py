@@ -138,8 +138,10 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     # Voice notes as text: downloaded through the gateway (no budget spent), transcribed in the
     # background, released into the binding's delivery (kick) once the transcript is in.
     transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=roster.hub.kick)
+    # A follower whose socket dropped has until it would count as stale to reconnect before the owner
+    # is told it is offline.
     router = Router(term, roster, gateway, notices, outbound, timers=timers, being_bound=being_bound,
-                    transcriber=transcriber, startup=display.startup)
+                    transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000)
     agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
     buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,

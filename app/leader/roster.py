@@ -46,6 +46,10 @@ class Roster:
         """A registered (not pruned) follower with an open socket owns this binding."""
         return self.hub.is_online(binding_key) and self.registry.has_binding(binding_key)
 
+    def reconnect_due(self, binding_key: str) -> bool:
+        """This binding's follower is registered (not pruned) but its socket dropped: it reconnects."""
+        return self.registry.has_binding(binding_key) and not self.hub.is_online(binding_key)
+
     def connection_of(self, record: FollowerRecord) -> FollowerConnection | None:
         return self._connections.get(record.instance_id)
 

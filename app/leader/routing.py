@@ -23,6 +23,7 @@ outbound sender is woken; Telegram is never called on the bus request's path.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import time
@@ -52,6 +53,10 @@ from topicbus.storage.db import Authority, AuthorityLost, UnitOfWork
 from topicbus.storage.journal import JournalItem, JournalRepository
 from topicbus.storage.outbox import OutboxRepository
 
+# A follower whose socket dropped (not pruned: its heartbeats were recent) reconnects within seconds;
+# an owner message meanwhile tells the owner it is offline only if it is still absent after this
+# (the composition root passes FOLLOWER_STALE_AFTER_MS).
+RECONNECT_GRACE_S = 15.0
 OFFLINE_NOTICE = ("⏸ This agent is offline. Your message is kept and will be delivered when it reconnects. "
                   "/queue lists what waits, /drop discards it.")
 EDITS_NOT_TAKEN = ("✏️ This agent does not take edits: it keeps the message as you first sent it. "
@@ -90,11 +95,13 @@ class Router:
     def __init__(self, term: LeaderTerm, roster: Roster, gateway: ScheduledGateway, notices: Notices,
                  outbound: OutboundScheduler, *, timers: Timers | None = None,
                  album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None,
-                 transcriber: Transcriber | None = None, startup: StartupWindow | None = None):
+                 transcriber: Transcriber | None = None, startup: StartupWindow | None = None,
+                 reconnect_grace_s: float = RECONNECT_GRACE_S):
         self._term = term
         # After a leader start, agents are still reconnecting: no one is told an agent is offline
         # until the startup window ends, and then only about agents still absent.
         self._startup = startup
+        self._reconnect_grace_s = reconnect_grace_s
         self._offline_due: set[str] = set()
         if startup is not None:
             startup.when_settled(self._notify_still_absent)
@@ -244,6 +251,11 @@ class Router:
                         self.latency.add_many((time.perf_counter() - received_at) * 1000.0, len(group))
                 elif self._startup is not None and not self._startup.settled:
                     self._offline_due.add(key)  # its reconnect is due: told only if it is still absent
+                elif self._roster.reconnect_due(key) and self._timers is not None:
+                    # Its socket dropped, but it was not pruned: follow reconnects within seconds, so
+                    # the owner is told only if it is still absent when that grace is over.
+                    self._timers.once(f"topicbus.offline:{key}", self._reconnect_grace_s,
+                                      functools.partial(self._notify_if_still_absent, key))
                 else:
                     await self._notify_offline(key, authority)
             for key, group_id in full:
@@ -332,6 +344,16 @@ class Router:
             return
         if sealed and self._roster.is_routed(binding_key):
             await self._roster.hub.kick(binding_key)
+
+    async def _notify_if_still_absent(self, binding_key: str) -> None:
+        """A follower's reconnect grace is over: the offline notice, if it did not come back."""
+        authority = self._term.current()
+        if authority is None or self._roster.is_routed(binding_key):
+            return
+        try:
+            await self._notify_offline(binding_key, authority)
+        except AuthorityLost:
+            return
 
     async def _notify_still_absent(self) -> None:
         """The startup window ended: the offline notice for each agent a message waited for during it

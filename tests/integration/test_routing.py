@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from topicbus.leader.routing import OFFLINE_NOTICE
 from tests.integration.leader_env import CHAT, LeaderEnv
+from tests.support.waiting import wait_until
 
 
 def payload(text: str) -> dict:
@@ -122,3 +123,28 @@ async def test_a_batch_is_journaled_in_order_and_repeated_update_ids_count_once(
             await services.router.route_owner_message(update_id, CHAT, r["threadId"], payload(f"u{update_id}"))
     texts = [d["item"]["text"] for d in env.connections["a"].deliveries()]
     assert texts == ["u801", "u802", "u803"]
+
+
+async def test_an_agent_whose_socket_dropped_is_not_called_offline_while_its_reconnect_is_due(fake, tmp_path):
+    env = LeaderEnv(fake, tmp_path, stale_after_ms=1_500)  # the reconnect grace is the stale window
+    try:
+        services = await env.start()
+        services.outbound.start()
+        r = await env.register("a", cwd="/w", pid=10)
+        back = await env.register("b", cwd="/v", pid=11)
+        services.followers.connection_closed(env.connections["a"])  # dropped; a reconnect is due
+        services.followers.connection_closed(env.connections["b"])
+        await services.router.route_owner_message(100, CHAT, r["threadId"], payload("while away"))
+        await services.router.route_owner_message(101, CHAT, back["threadId"], payload("while away too"))
+        again = await env.register("b2", cwd="/v", pid=11, generation="g2")  # b reconnects within the grace
+        await env.fake.wait_for(lambda: env.fake.messages_in(CHAT, r["threadId"]), timeout=10)
+        assert [m.text for m in env.fake.messages_in(CHAT, r["threadId"])] == [OFFLINE_NOTICE]  # a stayed away
+
+        async def all_sent() -> bool:
+            return await services.router.outbox.count_pending() == 0
+
+        await wait_until(all_sent, timeout=10, message="every notice sent")
+        assert [d["item"]["text"] for d in env.connections["b2"].deliveries()] == ["while away too"]
+        assert env.fake.messages_in(CHAT, again["threadId"]) == []  # b was never called offline
+    finally:
+        await env.stop()
