@@ -50,7 +50,7 @@ from topicbus.core.formatting import MAX_MESSAGE
 TEXT_KINDS = frozenset({"text", "notice"})
 SEPARATOR_UNITS = 1  # coalesced items are joined with one "\n"
 PROMPT_CHARS = 200
-_PROMPT_END = re.compile(r"(?:[$#>%»]|\.\.\.)$")
+_PROMPT_END = re.compile(r"(?:[$#>»]|(?<![\d.])%|\.\.\.)$")  # "42%" is a progress figure, not zsh's "%"
 
 
 def prompt_only(text: str) -> bool:

@@ -114,11 +114,6 @@ class _Screen(pyte.Screen):
                     self.session.update_ended = True
         super().reset_mode(*modes, **kwargs)
 
-    def erase_in_display(self, how: int = 0, *args, **kwargs) -> None:
-        if how in (2, 3):
-            self.session.erased()
-        super().erase_in_display(how, *args, **kwargs)
-
     def index(self) -> None:
         top, bottom = self.margins or Margins(0, self.lines - 1)
         if self.cursor.y == bottom and top == 0:
@@ -141,6 +136,8 @@ class _Screen(pyte.Screen):
             self.wrapped.discard(self.scroll_count + self.cursor.y)
 
     def erase_in_display(self, how: int = 0, *args, **kwargs) -> None:
+        if how in (2, 3):  # the whole screen: a full-screen program may be drawing (screen_frames)
+            self.session.erased()
         super().erase_in_display(how, *args, **kwargs)
         first = self.scroll_count + (self.cursor.y if how == 0 else 0)
         last = self.scroll_count + (self.cursor.y if how == 1 else self.lines)

@@ -241,7 +241,9 @@ class OutputSender:
         assert live is not None
         owner_turns = topic.turn.stream.owner_turns
         added, payloads = await self._texts(step.items)
-        prompt = prompt_only(added)  # the stream stops at a prompt: its last edit, without the button
+        # The stream stops at a prompt: its last edit, without the button (a tail, a line still being
+        # redrawn, is never one).
+        prompt = not _is_tail(payloads.get(step.items[-1].id, {})) and prompt_only(added)
         raw = f"{_without_tail(live)}\n{added}"
         rendered = render(raw, live.fmt)
         if rendered.length > self._output.max_message:
