@@ -244,7 +244,8 @@ class OutputSender:
         # The stream stops at a prompt: its last edit, without the button (a tail, a line still being
         # redrawn, is never one).
         prompt = not _is_tail(payloads.get(step.items[-1].id, {})) and prompt_only(added)
-        raw = f"{_without_tail(live)}\n{added}"
+        shown = _without_tail(live)  # empty when the message held only a tail: the line replaces it
+        raw = f"{shown}\n{added}" if shown else added
         rendered = render(raw, live.fmt)
         if rendered.length > self._output.max_message:
             topic.turn.stream.live = None  # no room after rendering: the next turn starts a new message

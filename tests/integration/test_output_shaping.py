@@ -173,3 +173,15 @@ async def test_a_tail_is_replaced_by_what_follows_it_in_the_live_message(env: Le
     await env.fake.wait_for(lambda: (message.text or "").endswith("Done"), timeout=10)
     assert message.text == "starting\nbar 100%\nDone"
     assert len(env.fake.messages_in(CHAT, thread)) == 1
+
+
+async def test_a_message_that_held_only_a_tail_is_replaced_by_the_finished_line(env: LeaderEnv):
+    _output(env, edit_interval_ms=200, quiet_ms=60_000)
+    await env.start()
+    thread = (await env.register("a", cwd="/bar", generation="g1", pid=10))["threadId"]
+    await _send_tail(env, "a", "g1", "bar 10%", "t0")  # the program's first output is a bar being drawn
+    await env.fake.wait_for(lambda: env.fake.messages_in(CHAT, thread), timeout=10)
+    [message] = env.fake.messages_in(CHAT, thread)
+    await _send(env, "a", "g1", "bar 100%\nDone", "r1")
+    await env.fake.wait_for(lambda: (message.text or "").endswith("Done"), timeout=10)
+    assert message.text == "bar 100%\nDone"  # no empty first line where the tail was
