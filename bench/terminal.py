@@ -92,9 +92,13 @@ async def _scenario(ctx: Context, name: str, run_s: float) -> dict:
             if process.returncode is None:
                 process.kill()
                 await process.wait()
-        thread = next((m.thread_id for m in fake.sent if m.chat_id == CHAT_ID and m.text
-                       and (marker in m.text or "⏹" in m.text) and m.thread_id is not None), None)
         deadline = time.monotonic() + 60
+        thread = None
+        while thread is None and time.monotonic() < deadline:  # the topic: where the program's words appear
+            thread = next((m.thread_id for m in fake.sent if m.chat_id == CHAT_ID and m.text
+                           and (marker in m.text or "⏹" in m.text) and m.thread_id is not None), None)
+            if thread is None:
+                await asyncio.sleep(0.2)
         while time.monotonic() < deadline and not any(
                 (m.text or "").startswith("⏹") for m in fake.messages_in(CHAT_ID, thread)):
             await asyncio.sleep(0.2)
