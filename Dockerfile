@@ -14,7 +14,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # DejaVu Sans Mono for follow --pty's /screen pictures (without it Pillow's built-in font is used).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends fonts-dejavu-core \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 
 # Install the package from source. The migrations ship inside it as package data, so nothing
 # from the source tree is needed at run time.
