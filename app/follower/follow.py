@@ -256,18 +256,21 @@ async def run_follow(
         else:
             await client.send_text(text, format=fmt)  # type: ignore[call-arg] - format-v1 (the lead's send_text)
 
-    async def post(batch: str, last: bool) -> None:
-        text = batch.strip("\n")
-        if not text.strip():
-            return
+    async def leader_answered() -> None:
+        """Output printed before the first registration (a prompt at start) is shaped with what the
+        leader accepts (monospace, Yes/No buttons, tails, frames), not as plain text: wait for its
+        answer. A send would wait for the leader anyway; a terminal failure is raised by the send."""
         if not client.registered and client.failure is None:
-            # Output printed before the first registration (a prompt at start) is shaped with what
-            # the leader accepts (monospace, Yes/No buttons), not as plain text: wait for the answer.
-            # The send would wait for the leader anyway; a terminal failure is raised by the send.
             try:
                 await client.wait_registered()
             except FollowerError:
                 pass
+
+    async def post(batch: str, last: bool) -> None:
+        text = batch.strip("\n")
+        if not text.strip():
+            return
+        await leader_answered()
         caps = client.leader_capabilities
         fmt = text_format if CAP_FORMAT in caps else None
         buttons = yes_no_buttons(text) if last and CAP_BUTTONS in caps else None
@@ -311,11 +314,7 @@ async def run_follow(
 
     async def post_tail(state: str) -> None:
         """The current state of a line being redrawn: the live message's tail (tail-v1)."""
-        if not client.registered and client.failure is None:
-            try:
-                await client.wait_registered()
-            except FollowerError:
-                pass
+        await leader_answered()
         if CAP_TAIL not in client.leader_capabilities:
             return  # an older leader: the line is posted once it is finished, or the program pauses
         message: dict[str, object] = {"type": "text", "text": state, "tail": True}
@@ -329,11 +328,7 @@ async def run_follow(
     async def post_frame(frame: str) -> None:
         """A full-screen program's newest frame: it replaces the topic's screen message (screen-frames-v1);
         a leader without it gets the frame as output, at most one every ``snapshot_interval_s``."""
-        if not client.registered and client.failure is None:
-            try:
-                await client.wait_registered()
-            except FollowerError:
-                pass
+        await leader_answered()
         caps = client.leader_capabilities
         if CAP_SCREEN_FRAMES not in caps:
             assert renderer is not None
