@@ -14,6 +14,7 @@ another Python 3.11 of the machine (``/usr/bin/python3.11``…) with this enviro
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import shutil
 import site
@@ -81,8 +82,45 @@ def _topicbus_for_nobody(cwd: Path) -> list[str]:
         if probe.returncode == 0 and probe.stdout.startswith("topicbus "):
             return command
         tried.append(f"{command[0]}: {(probe.stderr or probe.stdout).strip()[-300:]}")
+    # The checkout (or its virtual environment) is where other users may not read, for example under
+    # /root: run a copy that nobody may read, the packages and topicbus's folders mapped as installed.
+    copy = _readable_copy(Path(site_packages))
+    for python in (shutil.which("python3.11"), "/usr/bin/python3.11", "/usr/local/bin/python3.11"):
+        if python and os.access(python, os.X_OK):
+            command = [python, "-S", "-c", _BOOT, str(copy)]
+            probe = subprocess.run([*command, "--version"], cwd=cwd, capture_output=True, text=True, timeout=60,
+                                   env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd)},
+                                   **_as_nobody())
+            if probe.returncode == 0 and probe.stdout.startswith("topicbus "):
+                return command
+            tried.append(f"{python} with a copy: {(probe.stderr or probe.stdout).strip()[-300:]}")
     pytest.fail("no Python 3.11 that uid 65534 may run with topicbus importable (the checkout and its "
                 "virtual environment must be readable by other users):\n" + "\n".join(tried))
+
+
+_COPIES: dict[Path, Path] = {}
+
+
+def _readable_copy(site_packages: Path) -> Path:
+    """A copy of this environment's packages that every user may read (once per test process), with
+    topicbus's four folders in place of the editable install's mapping to the checkout."""
+    if site_packages in _COPIES:
+        return _COPIES[site_packages]
+    root = Path(tempfile.mkdtemp(prefix="topicbus-site-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    os.chmod(root, 0o755)
+    target = root / "site-packages"
+    shutil.copytree(site_packages, target, ignore=shutil.ignore_patterns("__editable__*", "__pycache__"))
+    import topicbus
+    package = Path(topicbus.__file__).resolve().parent  # app/ of the checkout
+    checkout = package.parent
+    shutil.copytree(package, target / "topicbus", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("handlers", "storage", "migrations"):
+        shutil.copytree(checkout / folder, target / "topicbus" / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    _COPIES[site_packages] = target
+    return target
 
 
 @pytest.fixture
