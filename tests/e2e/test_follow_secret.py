@@ -86,11 +86,15 @@ def _topicbus_for_nobody(cwd: Path) -> list[str]:
     # /root: run a copy that nobody may read, the packages and topicbus's folders mapped as installed.
     copy = _readable_copy(Path(site_packages))
     for python in (shutil.which("python3.11"), "/usr/bin/python3.11", "/usr/local/bin/python3.11"):
-        if python and os.access(python, os.X_OK):
+        if python:
             command = [python, "-S", "-c", _BOOT, str(copy)]
-            probe = subprocess.run([*command, "--version"], cwd=cwd, capture_output=True, text=True, timeout=60,
-                                   env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd)},
-                                   **_as_nobody())
+            try:
+                probe = subprocess.run([*command, "--version"], cwd=cwd, capture_output=True, text=True, timeout=60,
+                                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd)},
+                                       **_as_nobody())
+            except OSError as exc:  # this interpreter is not nobody's to run either
+                tried.append(f"{python} with a copy: {exc}")
+                continue
             if probe.returncode == 0 and probe.stdout.startswith("topicbus "):
                 return command
             tried.append(f"{python} with a copy: {(probe.stderr or probe.stdout).strip()[-300:]}")
