@@ -271,13 +271,15 @@ class OutputSender:
             self.stats.edits += 1
             self.stats.units_sent += utf16_len(added)
 
-    async def _growing_keyboard(self, key: TopicKey, message_id: int, last_id: int) -> Keyboard | None:
-        """The keyboard of the live message at an edit that grows it (the agent is printing): its
-        Interrupt button while the registration that printed it is still registered, a new one for the
-        newest output's process otherwise. Telegram drops a keyboard the edit does not repeat."""
+    async def _growing_keyboard(self, key: TopicKey, message_id: int, last_id: int,
+                                kept: dict[TopicKey, Keyboard] | None = None) -> Keyboard | None:
+        """The keyboard of the live message (or, with ``kept=self._screen_keyboards``, the screen
+        message) at an edit that grows it (the agent is printing): its Interrupt button while the
+        registration that printed it is still registered, a new one for the newest output's process
+        otherwise. Telegram drops a keyboard the edit does not repeat."""
         if self._keyboards is None:
             return None
-        current = self._live_keyboards.get(key)
+        current = (self._live_keyboards if kept is None else kept).get(key)
         if current is not None and current.message_id == message_id and self._keyboards.still_interruptible(current):
             return current
         return await self._keyboard(key, last_id, last_id, None, printing=True)
@@ -296,7 +298,8 @@ class OutputSender:
             if raw == screen.raw:
                 result = CallResult(Outcome.OK)
             else:
-                keyboard = await self._screen_keyboard(key, screen.message_id, newest.id)
+                keyboard = await self._growing_keyboard(key, screen.message_id, newest.id,
+                                                         self._screen_keyboards)
                 markup = keys(keyboard) if keyboard is not None else None
                 result = await self._send(key, True, lambda: self._gateway.edit_message(chat, screen.message_id,
                                                                                     rendered, buttons=markup))
@@ -323,15 +326,6 @@ class OutputSender:
             await self._screen_carried(key, keyboard, message_id)
             self.stats.messages += 1
             self.stats.units_sent += utf16_len(raw)
-
-    async def _screen_keyboard(self, key: TopicKey, message_id: int, last_id: int) -> Keyboard | None:
-        """The screen message's keyboard at an edit: kept while its process may still be interrupted."""
-        if self._keyboards is None:
-            return None
-        current = self._screen_keyboards.get(key)
-        if current is not None and current.message_id == message_id and self._keyboards.still_interruptible(current):
-            return current
-        return await self._keyboard(key, last_id, last_id, None, printing=True)
 
     async def _screen_carried(self, key: TopicKey, keyboard: Keyboard | None, message_id: int | None) -> None:
         if keyboard is None or self._keyboards is None:
