@@ -30,7 +30,12 @@ run: $(RUN_STAMP)
 
 # Three workers (pytest-xdist): the suite mostly waits on real processes, sockets and timers, so three
 # share two cores well; worksteal keeps the long end-to-end tests from piling up on one worker.
+# Programs the end-to-end tests run under `follow` (Debian's packages; installed when missing, as root).
+TEST_PROGRAMS := bash sqlite3 git less
 test: $(TEST_STAMP)
+	@missing=; for p in $(TEST_PROGRAMS); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	[ -z "$$missing" ] || { echo "installing$$missing for the end-to-end tests"; apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
 	PTB_TIMEDELTA=true $(BIN)/python -m pytest -q -n 3 --dist worksteal
 
 bench: $(TEST_STAMP)

@@ -6,7 +6,6 @@ programs (python3, bash, sqlite3, git with less) against the fake Bot API."""
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 import textwrap
 
@@ -113,7 +112,6 @@ async def test_a_150_character_command_typed_into_bash_is_never_echoed(cluster: 
     assert answer in [line.rstrip() for line in shown.splitlines()]
 
 
-@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="needs the sqlite3 shell")
 async def test_a_box_table_keeps_its_columns(cluster: Cluster, tmp_path):
     await cluster.start_leader(TOPICBUS_THREAD_CLEANUP="false")
     await cluster.wait_polling()
@@ -128,7 +126,6 @@ async def test_a_box_table_keeps_its_columns(cluster: Cluster, tmp_path):
     assert all(cell in rows[3] for cell in cells) and "select" not in "\n".join(cluster.texts_in(thread))
 
 
-@pytest.mark.skipif(shutil.which("git") is None or shutil.which("less") is None, reason="needs git and less")
 async def test_a_pagers_leftovers_never_eat_the_next_prompt(cluster: Cluster, tmp_path):
     import subprocess
     repo = tmp_path / "repo"

@@ -17,7 +17,9 @@ DEADLINE = 30.0
 PROMPT = "root@vm:/tmp/shop#"
 
 # Answers a command with a line, shows its prompt after a pause (argv[1] seconds), then prints one
-# more line long after (by then a "✓" line would have been posted: STREAM_QUIET_S is 1 s here).
+# more line 8 s later. That is the program's own silence, the situation under test (a shell idle at
+# its prompt): long enough for the stream to end and a "✓" line to be owed (STREAM_QUIET_S is 1 s
+# here; with 3 s "later" still grew the same message). The test itself only waits on conditions.
 SHELL_LIKE = textwrap.dedent(f"""
     import sys, time
     print("agent ready", flush=True)
