@@ -81,7 +81,7 @@ class _Reader:
         if self._reads_only:
             _check_read(sql)
         rows = await self._conn.execute_fetchall(sql, params)
-        return rows[0] if rows else None
+        return next(iter(rows), None)
 
 
 # A WITH clause may lead an INSERT, UPDATE, DELETE or REPLACE as well as a SELECT (SQLite's grammar):

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
+from typing import Any
 
 import aiohttp
 from telegram import (Bot, BotCommand, BotCommandScopeChat, InlineKeyboardButton, InlineKeyboardMarkup, InputFile,
@@ -49,7 +50,7 @@ class CallResult:
     outcome: Outcome
     message: str = ""
     retry_after_s: float = 0.0
-    value: object = None
+    value: Any = None  # what the call answered; its type depends on the call (a thread id, PTB's Message …)
 
     @property
     def ok(self) -> bool:
