@@ -35,7 +35,7 @@ $(TEST_STAMP): $(BIN)/python pyproject.toml $(SOURCES)
 	touch $(TEST_STAMP) $(RUN_STAMP)
 
 run: $(RUN_STAMP)
-	PTB_TIMEDELTA=true $(BIN)/topicbus leader
+	$(BIN)/topicbus leader
 
 # Three workers (pytest-xdist): the suite mostly waits on real processes, sockets and timers, so three
 # share two cores well; worksteal keeps the long end-to-end tests from piling up on one worker.
@@ -46,21 +46,21 @@ test: $(TEST_STAMP)
 	[ -z "$$missing" ] || { echo "installing$$missing for the end-to-end tests"; apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
 	$(BIN)/python -m mypy
-	PTB_TIMEDELTA=true $(BIN)/python -m pytest -q -n 3 --dist worksteal
+	$(BIN)/python -m pytest -q -n 3 --dist worksteal
 
 bench: $(TEST_STAMP)
-	PTB_TIMEDELTA=true $(BIN)/python -m bench
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache
 
 # The soak/load test (tests/soak, docs/reliability.md): 25 followers, random SIGKILLs, about 2 minutes.
 soak: $(TEST_STAMP)
-	TOPICBUS_SOAK=1 PTB_TIMEDELTA=true $(BIN)/python -m pytest -q tests/soak -p no:cacheprovider
+	TOPICBUS_SOAK=1 $(BIN)/python -m pytest -q tests/soak -p no:cacheprovider
 
 # The adversarial runs (tests/chaos, docs/reliability.md): a slow reader, 1,100 idle connections under
 # ulimit -n 1024, a failed delete and restarts, a child that never reads; a stranger's press storm,
 # hostile file names and short downloads, eight 19 MB downloads, a 20 MB line through follow, topics
 # written in before they are bound, voice notes to a failing endpoint (about 8 minutes in all).
 chaos: $(TEST_STAMP)
-	TOPICBUS_CHAOS=1 PTB_TIMEDELTA=true $(BIN)/python -m pytest -q tests/chaos -p no:cacheprovider
+	TOPICBUS_CHAOS=1 $(BIN)/python -m pytest -q tests/chaos -p no:cacheprovider

@@ -103,7 +103,7 @@ class FileStream:
 
 def retry_after_seconds(exc: RetryAfter) -> float:
     """Telegram's flood-control wait in seconds. PTB reports it as a ``timedelta`` with
-    ``PTB_TIMEDELTA=true`` (``make run``, the Docker image) and as a number otherwise."""
+    ``PTB_TIMEDELTA=true`` (set by ``topicbus leader``) and as a number otherwise."""
     delay = exc.retry_after
     return max(delay.total_seconds() if isinstance(delay, timedelta) else float(delay), 0.0)
 
