@@ -1,4 +1,4 @@
-"""Answers to button presses: merged, bounded, never late (issue 20; SPEC §9.1 and §10.1 "Presses").
+"""Answers to button presses: merged, bounded, never late (docs/operations.md, "Routing and durability").
 
 Every ``callback_query`` wants an ``answerCallbackQuery``, or the presser's client shows a spinner
 until Telegram gives up on it (harmless: an unanswered query simply expires). Answers spend none of

@@ -1,4 +1,4 @@
-"""The installed wheel, as a user gets it (issue 9): built from this checkout, installed into fresh
+"""The installed wheel, as a user gets it: built from this checkout, installed into fresh
 virtual environments, and used from a project directory that has its own ``app``, ``handlers`` and
 ``storage`` packages.
 
