@@ -38,9 +38,7 @@ USER 10001:10001
 # Image defaults: database on the volume, bus reachable through the published port. The bus
 # listens on all of the container's interfaces; publish it on the host's loopback (as below and
 # in docker-compose.yml), or set TOPICBUS_BUS_TLS_CERT/KEY before publishing it further.
-# PTB_TIMEDELTA makes python-telegram-bot report durations (retry_after) as timedelta.
 ENV TOPICBUS_DB_PATH=/data/topicbus.sqlite3 \
-    PTB_TIMEDELTA=true \
     TOPICBUS_BUS_HOST=0.0.0.0
 
 # SQLite database plus its -wal/-shm files: keep it on a local volume, never on NFS.

@@ -1,4 +1,4 @@
-"""Capability negotiation of the bus protocol (SPEC §9.1; docs/protocol.md, "Capabilities").
+"""Capability negotiation of the bus protocol (docs/protocol.md, "Capabilities").
 
 Part of the protocol's one definition: :mod:`topicbus.protocol` re-exports every name here, and
 callers import them from there. Every delivery type beyond ``message`` and every send field beyond

@@ -18,9 +18,6 @@ from topicbus.settings import (ENV_PREFIX, ConfigurationError, Settings, load_se
 
 EXIT_CONFIG = 2
 
-# python-telegram-bot reports durations (RetryAfter.retry_after) as timedelta with this set.
-os.environ.setdefault("PTB_TIMEDELTA", "true")
-
 DESCRIPTION = """\
 topicbus — one Telegram bot, many live agent processes, one forum topic each.
 
@@ -180,6 +177,13 @@ def _run_with_signals(main_coro_factory) -> int:
 
 
 def cmd_leader() -> int:
+    # PTB_TIMEDELTA's one home: python-telegram-bot then hands durations (RetryAfter.retry_after, a
+    # voice note's duration) as timedelta, its next major version's only form, without a deprecation
+    # warning per read. Set here, when the leader starts, it holds however the leader is started
+    # (make run, Docker, pip), not on import, and not for `follow`, whose agents inherit its
+    # environment. An operator's own value wins; the readers take either form (bot/gateway.py,
+    # handlers/topic_messages.py).
+    os.environ.setdefault("PTB_TIMEDELTA", "true")
     settings = _settings_or_exit(leader=True)
     problems = settings.leader_problems()
     if problems:

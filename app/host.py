@@ -1,4 +1,4 @@
-"""Process liveness port (SPEC §6.4): may the leader *prove* that a follower process is dead?
+"""Process liveness port (docs/operations.md, "Process liveness (proof of death)"): may the leader *prove* that a follower process is dead?
 
 A follower reports ``pid``, ``processBirthId`` (``"<pid>:start:<ticks>"``, the start time in clock
 ticks from ``/proc/<pid>/stat``) and ``hostId`` (machine id + boot id + pid namespace). The leader

@@ -22,10 +22,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from loguru import logger
+
+if TYPE_CHECKING:
+    from loguru import Record  # loguru's stubs only
 
 __all__ = ["REDACTED", "Redactor", "InterceptHandler", "configure_logging", "add_secret", "redact", "event",
            "RecordedEvent", "EventJournal", "RepeatedWarning"]
@@ -112,7 +115,8 @@ def _stand_in(exc: BaseException, seen: dict[int, BaseException]) -> BaseExcepti
         _stand_in_types[cls] = type(cls.__name__, (ExceptionGroup if group else Exception,), {
             "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__str__": lambda self: self.text})
     text = redact(_safely(str, exc))
-    copy = _stand_in_types[cls](text, *([[_stand_in(e, seen) for e in exc.exceptions]] if group else []))
+    copy = _stand_in_types[cls](text, *([[_stand_in(e, seen) for e in exc.exceptions]]
+                                         if isinstance(exc, BaseExceptionGroup) else []))
     seen[id(exc)] = copy
     copy.text, copy.__traceback__ = text, exc.__traceback__
     copy.__cause__ = exc.__cause__ and _stand_in(exc.__cause__, seen)
@@ -123,7 +127,7 @@ def _stand_in(exc: BaseException, seen: dict[int, BaseException]) -> BaseExcepti
     return copy
 
 
-def _scrub(record: dict[str, Any]) -> None:
+def _scrub(record: Record) -> None:
     """The patcher: message, extra fields (keys too) and exception redacted; time in UTC."""
     try:
         extra = record["extra"]
@@ -134,7 +138,7 @@ def _scrub(record: dict[str, Any]) -> None:
         if (exc := record["exception"]) is not None and isinstance(exc.value, BaseException):
             record["exception"] = exc._replace(value=_stand_in(exc.value, {}))
     except Exception:  # a record that cannot be cleaned is not written as it was
-        record.update(message="[log record withheld: redaction failed]", extra={}, exception=None)
+        record.update({"message": "[log record withheld: redaction failed]", "extra": {}, "exception": None})
 
 
 def _human(value: Any) -> str:
@@ -142,11 +146,12 @@ def _human(value: Any) -> str:
     return _json.dumps(text, ensure_ascii=False) if text == "" or any(c.isspace() or c in '="' for c in text) else text
 
 
-def _format(record: dict[str, Any]) -> str:
+def _format(record: Record) -> str:
     """``time (UTC) | LEVEL | message | phase=… key=value …``, then the traceback if any. The fields go
     into ``record["fields"]``, not into the template, where loguru would parse ``{}`` and ``<tags>``."""
     fields = sorted(record["extra"].items(), key=lambda kv: kv[0] != "phase")  # phase first
-    record["fields"] = " | " + " ".join(f"{k}={_human(v)}" for k, v in fields) if fields else ""
+    record["fields"] = (  # type: ignore[typeddict-unknown-key]  # a key of ours, read by the template below
+        " | " + " ".join(f"{k}={_human(v)}" for k, v in fields) if fields else "")
     return "{time:YYYY-MM-DD HH:mm:ss.SSS} | {level} | {message}{fields}\n{exception}"
 
 
@@ -196,8 +201,9 @@ def _describe(message: str | BaseException) -> str:
 
 def _emit(message: str | BaseException, *, phase: str, level: str, fields: dict[str, Any]) -> None:
     level_name = level.strip().upper()
-    attach = isinstance(message, BaseException) and logger.level(level_name).no >= logger.level("ERROR").no
-    logger.bind(phase=phase, **fields).opt(depth=2, exception=message if attach else None).log(
+    error = message if isinstance(message, BaseException) else None
+    attach = error is not None and logger.level(level_name).no >= logger.level("ERROR").no
+    logger.bind(phase=phase, **fields).opt(depth=2, exception=error if attach else None).log(
         level_name, _describe(message))
 
 

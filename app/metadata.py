@@ -1,5 +1,5 @@
-"""Telegram metadata made safe to type: the one cleaning function (SPEC §10.1, "Telegram metadata
-is data").
+"""Telegram metadata made safe to type: the one cleaning function (docs/architecture.md, "The map"); what
+Telegram tells about a file (its name, title, performer) is data, never a command.
 
 File names, audio titles, performer names (and, later, voice transcripts) are chosen by whoever made
 the file, not by the owner who sent it, yet they reach an agent's stdin inside lines such as

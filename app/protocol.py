@@ -10,7 +10,7 @@ leader's bus server, the follower client and the tests' fake leader:
 * leader → follower: built with :func:`ack`, :func:`error_ack`, :func:`deliver_frame` (items from
   :func:`message_item`) and :func:`superseded_frame`; decoded by followers with
   :func:`decode_leader_frame`;
-* :class:`Capabilities`: what each side may send the other (SPEC §9.1); defined with the capability
+* :class:`Capabilities`: what each side may send the other (docs/protocol.md, "Capabilities"); defined with the capability
   names in :mod:`topicbus.capabilities` and re-exported here.
 
 Both directions ignore fields they do not know (a newer peer may add some) and are strict on the

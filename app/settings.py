@@ -349,7 +349,7 @@ def missing_env_file_hint(env_file: str | os.PathLike[str] | None = ".env") -> s
             "and fill it in, or set the variables in the environment")
 
 
-def load_settings(env_file: str | os.PathLike[str] | None = ".env", **overrides: object) -> Settings:
+def load_settings(env_file: str | os.PathLike[str] | None = ".env", **overrides: Any) -> Settings:
     """Read settings, raising :class:`ConfigurationError` with readable lines on bad input."""
     try:
         return Settings(_env_file=env_file, **overrides)  # type: ignore[call-arg]

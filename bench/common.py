@@ -201,7 +201,6 @@ def leader_env(fake: FakeBotApi, db_path: Path, port: int, **extra: str) -> dict
     limits raised out of the way (we measure the leader, not the limiter), INFO logging."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICBUS_")}
     env.update({
-        "PTB_TIMEDELTA": "true",
         "PYTHONPATH": str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
         "TOPICBUS_BOT_TOKEN": TOKEN,
         "TOPICBUS_CHAT_ID": str(CHAT_ID),

@@ -69,11 +69,11 @@ def message_files(message: Message) -> list[dict[str, Any]]:
         v = message.voice
         return [_file("voice", v, "voice.ogg", v.mime_type or "audio/ogg")]
     if message.audio is not None:
-        a = message.audio
-        return [_file("audio", a, a.file_name or "audio.mp3", a.mime_type or "audio/mpeg")]
+        audio = message.audio
+        return [_file("audio", audio, audio.file_name or "audio.mp3", audio.mime_type or "audio/mpeg")]
     if message.video is not None:
-        v = message.video
-        return [_file("video", v, v.file_name or "video.mp4", v.mime_type or "video/mp4")]
+        video = message.video
+        return [_file("video", video, video.file_name or "video.mp4", video.mime_type or "video/mp4")]
     if message.video_note is not None:
         return [_file("video_note", message.video_note, "video_note.mp4", "video/mp4")]
     return []

@@ -1,4 +1,4 @@
--- topicbus schema v1: the durable domain of SPEC §5.
+-- topicbus schema v1: the durable domain (lease, bindings, intents, journal; docs/architecture.md, "Storage").
 
 -- The leader lease: exactly one row names the current leader and its epoch.
 CREATE TABLE leader_lease (

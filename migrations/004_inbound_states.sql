@@ -1,9 +1,9 @@
--- Inbound journal states beyond pending/delivered (issues 12 and 13). SQLite cannot change a CHECK
+-- Inbound journal states beyond pending/delivered (albums, capabilities, /drop, expiry). SQLite cannot change a CHECK
 -- constraint in place, so the table is rebuilt; rows, seqs and the AUTOINCREMENT high-water mark
 -- are kept (a delivery id "d-<seq>" is never handed out twice, even after purged rows).
 --   gathering  an album part, journaled as it arrived, waiting for the rest of its album
 --   merged     an album part folded into its album's first row (which carries every file)
---   skipped    settled unsent: the follower does not take this delivery type (SPEC §9.1)
+--   skipped    settled unsent: the follower does not take this delivery type (docs/protocol.md, "Capabilities")
 --   dropped    discarded by the owner with /drop
 --   expired    older than TOPICBUS_OFFLINE_TTL_S before it could be delivered
 -- media_group: Telegram's media_group_id of an album part. reported_at_ms: when the topic was

@@ -1,4 +1,4 @@
--- Defaults on upgrade (SPEC §9.1): a database that a leader has already used keeps what it had.
+-- Defaults on upgrade: a database that a leader has already used keeps what it had.
 --
 -- * Its display mode. A mode chosen with /mode is stored under 'display_mode' and stays as it is.
 --   Otherwise the mode came from the environment: TOPICBUS_DISPLAY_MODE when it was set (it still

@@ -1,4 +1,4 @@
--- Cleanups that wait for their grace period (TOPICBUS_CLEANUP_GRACE_S, issue 12): a finished
+-- Cleanups that wait for their grace period (TOPICBUS_CLEANUP_GRACE_S; docs/operations.md, "Cleanup policy"): a finished
 -- agent's topic stays readable for a while before it is deleted. One row per binding (a later
 -- departure of the same workspace replaces it). This is not yet destructive intent: when the row
 -- falls due, the leader checks that nobody took the workspace back, that the topic's output went

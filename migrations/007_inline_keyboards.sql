@@ -1,4 +1,4 @@
--- Inline keyboards the leader puts under messages (issue 12 §4 and §6):
+-- Inline keyboards the leader puts under messages (docs/architecture.md, "A button press"):
 --   choice     a follower's own buttons; a press comes back to that follower process as a journaled
 --              `button` delivery, once per message
 --   interrupt  the Interrupt button under a printing agent's output; a press sends `interrupt` (a

@@ -3,7 +3,7 @@
 Every write goes through a :class:`UnitOfWork`, and the only way to get one is
 :meth:`Database.unit_of_work`, which requires the leader's :class:`Authority` and re-checks it
 *inside* the transaction, before the body runs: a leader that lost its lease can never publish a
-change (SPEC §5). The two exceptions are structural, not conventions: the lease row itself
+change (docs/architecture.md, "Storage: the unit of work"). The two exceptions are structural, not conventions: the lease row itself
 (:meth:`Database.lease_transaction`, used only by ``storage/lease.py``) and migrations (run before
 the connection opens). Reads refuse anything but ``SELECT``/``WITH`` (and reading a ``PRAGMA``), so there is no write path
 around the unit of work (``tests/integration/test_storage.py`` checks all three).
@@ -81,7 +81,7 @@ class _Reader:
         if self._reads_only:
             _check_read(sql)
         rows = await self._conn.execute_fetchall(sql, params)
-        return rows[0] if rows else None
+        return next(iter(rows), None)
 
 
 # A WITH clause may lead an INSERT, UPDATE, DELETE or REPLACE as well as a SELECT (SQLite's grammar):

@@ -84,7 +84,7 @@ class JournalRepository:
         unique: dict[int, tuple[int, str, dict[str, Any], str | None]] = {}
         for row in rows:
             update_id, key, payload = row[0], row[1], row[2]
-            unique[update_id] = (update_id, key, payload, row[3] if len(row) > 3 else None)  # type: ignore[misc]
+            unique[update_id] = (update_id, key, payload, row[3] if len(row) > 3 else None)
         if not unique:
             return []
         values = ", ".join("(?, ?, ?, ?, ?, ?)" for _ in unique)

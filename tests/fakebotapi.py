@@ -74,7 +74,7 @@ FORUM_ICON_COLORS = (7322096, 16766590, 13338331, 9367192, 16749490, 16478047)
 DEFAULT_ICON_COLOR = FORUM_ICON_COLORS[0]
 MAX_TEXT_LENGTH = 4096
 MAX_CAPTION_LENGTH = 1024
-# What spends a group's allowance (SPEC §9.1): sends, edits, and topic create/edit/close/reopen/delete.
+# What spends a group's allowance (docs/operations.md, "The outbound budget"): sends, edits, and topic create/edit/close/reopen/delete.
 FLOOD_METHODS = frozenset({"sendMessage", "sendDocument", "sendPhoto", "editMessageText", "createForumTopic",
                            "editForumTopic", "closeForumTopic", "reopenForumTopic", "deleteForumTopic"})
 CONFLICT = "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running"

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
+from typing import Any
 
 import aiohttp
 from telegram import (Bot, BotCommand, BotCommandScopeChat, InlineKeyboardButton, InlineKeyboardMarkup, InputFile,
@@ -49,7 +50,7 @@ class CallResult:
     outcome: Outcome
     message: str = ""
     retry_after_s: float = 0.0
-    value: object = None
+    value: Any = None  # what the call answered; its type depends on the call (a thread id, PTB's Message …)
 
     @property
     def ok(self) -> bool:
@@ -102,7 +103,7 @@ class FileStream:
 
 def retry_after_seconds(exc: RetryAfter) -> float:
     """Telegram's flood-control wait in seconds. PTB reports it as a ``timedelta`` with
-    ``PTB_TIMEDELTA=true`` (``make run``, the Docker image) and as a number otherwise."""
+    ``PTB_TIMEDELTA=true`` (set by ``topicbus leader``) and as a number otherwise."""
     delay = exc.retry_after
     return max(delay.total_seconds() if isinstance(delay, timedelta) else float(delay), 0.0)
 

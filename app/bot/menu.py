@@ -44,7 +44,7 @@ async def sync_command_menu(gateway: TelegramGateway, chat_id: int,
     the chat)."""
     if current is None:
         current = await gateway.get_commands(chat_id)
-    if current.ok and list(current.value or []) == list(menu):  # type: ignore[call-overload]
+    if current.ok and list(current.value or []) == list(menu):
         return MenuSync.UNCHANGED, ""
     result = await gateway.set_commands(chat_id, menu)
     return (MenuSync.SET, "") if result.ok else (MenuSync.FAILED, f"{result.outcome}: {result.message}")

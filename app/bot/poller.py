@@ -51,7 +51,7 @@ WEBHOOK_SET = (
 # would fail the batch, and PTB then logs the raw batch at CRITICAL. So the poller asks with
 # ``do_api_request`` and parses each update itself. PTB warns about exactly that call; the filter
 # below ignores that one message, attributed to this module, and nothing else.
-_DO_API_REQUEST_WARNING = dict(
+_DO_API_REQUEST_WARNING: dict[str, Any] = dict(
     action="ignore", category=PTBUserWarning, module=re.escape(__name__) + "$",
     message=re.escape("Please use 'Bot.getUpdates' instead of 'Bot.do_api_request(\"getUpdates\", ...)'"))
 

@@ -31,7 +31,7 @@ class FollowerSocket:
     peer does not read cannot be closed politely).
     """
 
-    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None = None, *,
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None = None, *,
                  queue_bytes: int = 1024 * 1024, write_timeout_s: float = 10.0):
         self._ws = ws
         self._transport = transport

@@ -93,7 +93,7 @@ class GuardedListener(socket.socket):
 
     guard: ConnectionGuard
 
-    def accept(self) -> tuple[socket.socket, Any]:  # type: ignore[override]
+    def accept(self) -> tuple[socket.socket, Any]:
         guard = self.guard
         if guard.accept_paused:
             # asyncio keeps calling accept() after an EMFILE in the same loop tick; one report per

@@ -1,4 +1,4 @@
-"""Telegram's allowance for one chat, and who may spend it first (SPEC §9.1, "Budget accounting").
+"""Telegram's allowance for one chat, and who may spend it first (docs/operations.md, "The outbound budget").
 
 Telegram lets a bot post about 20 messages a minute into one group — all topics together; sends,
 message edits and topic creation, editing, closing, reopening and deletion all count — and about one

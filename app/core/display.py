@@ -34,7 +34,7 @@ _DIRECTORY_MODES = (DisplayMode.DIRECTORY_SNAKE, DisplayMode.DIRECTORY_TITLE)
 NEW_DATABASE_DISPLAY_MODE = DisplayMode.NAMES
 """The mode of a new database when ``DISPLAY_MODE`` is not set: a topic reads as its directory
 (``myproject``, ``api · tests``), which says more to a new user than a slot letter. A database
-from before this default keeps ``letters`` (SPEC §9.1, migration 005)."""
+from before this default keeps ``letters`` (migration 005; docs/operations.md, "Cleanup policy")."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Answers to button presses: merged, bounded, never late (issue 20; SPEC §9.1 and §10.1 "Presses").
+"""Answers to button presses: merged, bounded, never late (docs/operations.md, "Routing and durability").
 
 Every ``callback_query`` wants an ``answerCallbackQuery``, or the presser's client shows a spinner
 until Telegram gives up on it (harmless: an unanswered query simply expires). Answers spend none of
@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 #: Who pressed which button: (user id, chat id, message id, callback data).
 ButtonKey = tuple[int, int, int | None, str | None]
@@ -170,7 +171,10 @@ class PressAnswerQueue:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
 
 
-def _forget_before(times: OrderedDict, horizon: float) -> None:
+_Key = TypeVar("_Key")
+
+
+def _forget_before(times: OrderedDict[_Key, float], horizon: float) -> None:
     """Drop the entries recorded at or before ``horizon`` (kept in the order they were recorded)."""
     while times:
         first = next(iter(times))

@@ -53,7 +53,7 @@ MSG_DEAD_PRESERVED = "Follower process is confirmed dead; topic binding preserve
 class RecordEvent(Protocol):
     """Diagnostic sink: ``record_event(message_or_error, *, phase=..., **fields)``."""
 
-    def __call__(self, message_or_error: str | BaseException, /, *, phase: str, **fields: Any) -> None: ...
+    def __call__(self, message_or_error: str | BaseException, /, *, phase: str, **fields: Any) -> object: ...
 
 
 ConfirmedDeadHandler = Callable[[FollowerRecord, Callable[[], bool]], Awaitable[None]]

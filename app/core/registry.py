@@ -10,6 +10,7 @@ watches replacement only, never process death or delivery authority.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -158,7 +159,7 @@ class FollowerRegistry:
             observation._invalidate()
         self._observations.clear()
 
-    def prune_stale(self, now_ms: int, stale_after_ms: int) -> list[FollowerRecord]:
+    def prune_stale(self, now_ms: int, stale_after_ms: int) -> builtins.list[FollowerRecord]:  # `list` here is the method above
         """Remove and return (in insertion order) entries whose heartbeat is strictly too old."""
         stale = [
             instance_id

@@ -1,4 +1,4 @@
-"""The startup stabilization window (reference §5.3, SPEC §6.8).
+"""The startup stabilization window (reference §5.3; docs/operations.md, "Routing and durability").
 
 When a leader starts polling, followers of the previous leader are still reconnecting. For
 ``FOLLOWER_STALE_AFTER_MS`` after polling starts the roster is *unsettled*: scheduled title passes

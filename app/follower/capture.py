@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 
 from topicbus.follower.child import Child, FdReader
@@ -71,7 +72,7 @@ class OutputCapture:
                                                  redraw_quiet_s=redraw_quiet_s)
             self._decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
             self._open += 1
-            self._readers.append(FdReader(fd, lambda data, s=stream: self._on_data(s, data), self._on_eof))
+            self._readers.append(FdReader(fd, functools.partial(self._on_data, stream), self._on_eof))
 
     # ---- input side -------------------------------------------------------------------------------
 

@@ -112,7 +112,7 @@ class StdinWriter:
         loop = asyncio.get_running_loop()
         ready = loop.create_future()
         fd = self._fd
-        loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+        loop.add_writer(fd, lambda: None if ready.done() else ready.set_result(None))
         gone = asyncio.ensure_future(self._gone.wait())
         try:
             done, _ = await asyncio.wait({ready, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

@@ -531,7 +531,7 @@ class FollowerClient(BusConnection):
 
 
 def _check_leader_accepts(leader: Capabilities, message: dict[str, Any]) -> None:
-    """Refuse, before sending, a message field the leader would silently drop (SPEC §9.1)."""
+    """Refuse, before sending, a message field the leader would silently drop (docs/protocol.md, "Capabilities")."""
     unsupported = leader.unsupported_send_fields(message)
     if unsupported:
         needs = ", ".join(f"{f} ({SEND_FIELD_CAPABILITIES.get(f, 'no capability')})" for f in unsupported)

@@ -58,7 +58,7 @@ from topicbus.follower.output import MAX_PENDING_BYTES, OutputBatcher, dropped_m
 from topicbus.follower.screenshot import grab, render_png
 from topicbus.follower.terminal import ScreenRenderer
 from topicbus.protocol import (CAP_BUTTONS, CAP_FORMAT, CAP_PHOTO, CAP_SCREEN_FRAMES, CAP_TAIL, MAX_DOCUMENT_BYTES,
-                               MAX_TEXT_CHARS)
+                               MAX_TEXT_CHARS, TextFormat)
 
 __all__ = [
     "EXIT_REFUSED",
@@ -129,7 +129,7 @@ async def run_follow(
     stderr: str = "topic",
     pty: bool = False,
     pty_size: tuple[int, int] = DEFAULT_PTY_SIZE,
-    text_format: str = "pre",
+    text_format: TextFormat = "pre",
     end_blocks: bool = False,
     context: bool = False,
     stdin_timeout_s: float = 30.0,
@@ -206,7 +206,7 @@ async def run_follow(
             raise DeliveryDeclined("the child's stdin is closed")
         if delivery.transcribed_from is not None:  # a voice note the leader transcribed: its text
             saved = await save_transcribed(client, delivery, inbox) if context else None
-            text = transcript_text(delivery, saved, context=context)
+            text: str | None = transcript_text(delivery, saved, context=context)
         elif delivery.files is not None:  # voice, audio, video, an album: a line per file
             text = delivery_text(delivery, saved_files=await save_files(client, delivery, inbox))
         else:
@@ -250,11 +250,11 @@ async def run_follow(
         backlog_wait_s=math.inf,
     )
 
-    async def send_text(text: str, fmt: str | None) -> None:
+    async def send_text(text: str, fmt: TextFormat | None) -> None:
         if fmt is None:
             await client.send_text(text)
         else:
-            await client.send_text(text, format=fmt)  # type: ignore[call-arg] - format-v1 (the lead's send_text)
+            await client.send_text(text, format=fmt)
 
     async def leader_answered() -> None:
         """Output printed before the first registration (a prompt at start) is shaped with what the
@@ -378,7 +378,7 @@ async def run_follow(
             logger.info("follow: SIGTERM; stopping the child")
             in_background(child.terminate(), "follow-stop")
 
-    installed: list[int] = []
+    installed: list[signal.Signals] = []
     for signum, handler in ((signal.SIGTERM, on_sigterm), (signal.SIGHUP, on_sigterm), (signal.SIGINT, on_sigint)):
         try:
             loop.add_signal_handler(signum, handler)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 
 __all__ = ["forget_secret_environment", "is_secret_name", "make_undumpable", "prctl"]
 
@@ -35,6 +35,7 @@ PR_SET_DUMPABLE = 4
 #: any workspace on the bus.
 _SECRET_NAME = re.compile(r"^TOPICBUS_.*(SECRET|TOKEN)", re.IGNORECASE)
 
+prctl: Callable[..., int] | None
 try:  # looked up once, at import: a forked child before exec only calls it
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # pragma: no cover - not Linux

@@ -111,6 +111,7 @@ def _fonts() -> _Fonts:
             ascent, descent = regular.getmetrics()
             return _Fonts(regular, bold, CELL_WIDTH, max(CELL_HEIGHT, ascent + descent), ascent)
     fallback = ImageFont.load_default(size=FONT_SIZE)
+    assert isinstance(fallback, ImageFont.FreeTypeFont)  # a sized font needs FreeType, which Pillow's wheels have
     ascent, descent = fallback.getmetrics()
     return _Fonts(fallback, None, BUILT_IN_CELL_WIDTH, max(CELL_HEIGHT, ascent + descent), ascent)
 

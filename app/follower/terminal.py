@@ -372,7 +372,7 @@ class ScreenRenderer:
             text = self._unposted(line) if start == self._posted else line
             stripped = self._strip_echo(text)
             echoed = stripped is not None
-            if echoed:
+            if stripped is not None:
                 text = stripped
             if echoed and len(text.strip()) <= ECHO_PROMPT_CHARS:
                 # Only the prompt is left (">>>", "...", "$", "sqlite>"): the owner knows what they typed.

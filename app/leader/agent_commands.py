@@ -1,4 +1,4 @@
-"""Reserved commands in agent topics (SPEC §9.1) and the offline queue they look at.
+"""Reserved commands in agent topics (README, "In an agent's topic") and the offline queue they look at.
 
 Only ``/interrupt``, ``/kill``, ``/eof``, ``/screen``, ``/queue`` and ``/drop`` are intercepted, with or
 without ``@thisbot`` (:func:`parse_reserved`); everything else reaches the agent (``handlers/topic_messages``).

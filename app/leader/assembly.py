@@ -164,7 +164,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
 
 async def open_term(services: LeaderServices, *, replay: bool = True,
                     provision_control: Callable[[], Awaitable[bool]] | None = None) -> bool:
-    """The start sequence before followers are accepted (SPEC §6.5): the outbound scheduler (through
+    """The start sequence before followers are accepted (docs/architecture.md, "A leadership term"): the outbound scheduler (through
     which every Telegram call goes), settings, the startup window, holds of earlier leaders dropped,
     pending cleanups replayed, the control topic, the previous roster restored, pruning begun, album
     gathering and the offline queue's sweep. ``provision_control`` provisions the control topic

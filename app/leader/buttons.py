@@ -1,4 +1,4 @@
-"""Presses of the inline buttons under the leader's messages (issue 12 §4 and §6).
+"""Presses of the inline buttons under the leader's messages (docs/architecture.md, "A button press").
 
 ``handlers/buttons`` hands every ``callback_query`` to :meth:`ButtonPresses.press`. The press is
 decided here, against the keyboard the outbound scheduler stored (``leader/keyboards``):

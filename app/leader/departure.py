@@ -1,6 +1,6 @@
 """What happens to the topic of a follower that is gone for good.
 
-* **Cleanup after a grace period** (policy on; graceful disconnect or proven death, issue 12): the
+* **Cleanup after a grace period** (policy on; graceful disconnect or proven death; docs/operations.md, "Cleanup policy"): the
   topic stays readable for ``TOPICBUS_CLEANUP_GRACE_S`` (default 600 s). The owner record is
   detached and the binding stamped inactive at once (as preservation does), a
   :class:`~topicbus.storage.cleanups.ScheduledCleanup` is written, and after a proven death the
@@ -180,7 +180,7 @@ class DepartureHandler:
 
 class ScheduledCleanups:
     """Finished agents' topics kept readable for their grace period, then deleted if nobody took
-    the workspace back — never before the topic's output went out (SPEC §9.1, "Exit hand-off")."""
+    the workspace back — never before the topic's output went out (docs/operations.md, "Cleanup policy")."""
 
     def __init__(self, term: LeaderTerm, handler: DepartureHandler, admission: AdmissionLedger, timers: Timers,
                  notices: Notices, on_roster_change: Callable[[], None], *, grace_ms: int):

@@ -11,7 +11,7 @@ The journal keeps one **canonical item** per owner update (built by ``handlers/t
 * ``button``: an owner pressed a follower's inline button (journaled by ``leader/buttons``, bound
   to the follower process whose message carried it: ``for_instance``).
 
-At delivery, :func:`adapt_for` gives each follower what it advertised it can take (SPEC §9.1):
+At delivery, :func:`adapt_for` gives each follower what it advertised it can take (docs/protocol.md, "Capabilities"):
 
 * ``message`` goes to everyone (a transcribed voice note's ``transcribedFrom`` only to
   ``transcript-v1`` followers: the others get the transcript as an ordinary message);

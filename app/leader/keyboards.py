@@ -1,4 +1,4 @@
-"""Inline keyboards under output messages (issue 12 §4 and §6): which message carries which buttons.
+"""Inline keyboards under output messages (docs/architecture.md, "A button press"): which message carries which buttons.
 
 Telegram's ``callback_data`` holds at most 64 bytes, while a follower's button data may be 1,024
 characters. So every button carries ``k:<token>:<index>`` (:func:`callback_data`), and the keyboard

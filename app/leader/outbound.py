@@ -1,4 +1,4 @@
-"""The outbound scheduler: one spender of the chat's Telegram budget (issue 11, SPEC §9.1).
+"""The outbound scheduler: one spender of the chat's Telegram budget (docs/operations.md, "The outbound budget").
 
 Every outbound Bot API call of a term goes through :class:`OutboundScheduler`:
 

@@ -89,7 +89,8 @@ class LeaderProcess:
                                    lease_stale_after_ms=settings.lease_stale_after_ms,
                                    poll_timeout_s=settings.poll_timeout_s)
         try:
-            tls = tls_context(settings.bus_tls_cert, settings.bus_tls_key) if settings.bus_tls_cert else None
+            tls = (tls_context(settings.bus_tls_cert, settings.bus_tls_key)
+                   if settings.bus_tls_cert and settings.bus_tls_key else None)  # settings: both or neither
         except TlsConfigurationError as exc:
             raise FatalLeaderError(f"TOPICBUS_BUS_TLS_CERT/TOPICBUS_BUS_TLS_KEY: {exc}") from None
         self.server = BusServer(

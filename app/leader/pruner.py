@@ -236,9 +236,9 @@ class FollowerPruner:
                 self._event(error, phase=PHASE_ENDPOINT_RECOVERY)
         if self._generation != generation:
             return
-        for observation in list(self._pending.values()):
-            if not observation.is_current():
-                self._forget(observation)
+        for pending in list(self._pending.values()):
+            if not pending.is_current():
+                self._forget(pending)
         if not pass_is_current():
             return
 

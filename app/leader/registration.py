@@ -1,6 +1,6 @@
 """Registration: a follower (or the leader itself) gets its workspace binding and a live topic.
 
-Order (SPEC §6.1): protocol compatibility, then an exact generation, before anything is touched;
+Order (docs/architecture.md, "Follower registration"): protocol compatibility, then an exact generation, before anything is touched;
 then, inside the capacity runner (slot rotation), an admission hold, then the follower's mutation
 queue: provision the topic, re-check authority, publish into the roster, schedule a title pass,
 answer with the target. New entries start their heartbeat clock at publication time.

@@ -300,12 +300,12 @@ class SlotRotation:
         cleanup_keys = {c.binding_key for c in cleanups}
         others = [i for i in intents if i.id != exclude_intent]
         local = LocalOccupancy(
-            current_targets={_target(b) for b in current},
-            current_slots={b.slot for b in current if b.slot},
-            pending_cleanup_targets={Target(c.chat_id, c.thread_id) for c in cleanups},
-            pending_cleanup_slots={b.slot for b in bindings.values() if b.binding_key in cleanup_keys and b.slot},
-            retirement_binding_keys={i.binding_key for i in others},
-            retirement_slots={i.slot for i in others},
+            current_targets=frozenset(_target(b) for b in current),
+            current_slots=frozenset(b.slot for b in current if b.slot),
+            pending_cleanup_targets=frozenset(Target(c.chat_id, c.thread_id) for c in cleanups),
+            pending_cleanup_slots=frozenset(b.slot for b in bindings.values() if b.binding_key in cleanup_keys and b.slot),
+            retirement_binding_keys=frozenset(i.binding_key for i in others),
+            retirement_slots=frozenset(i.slot for i in others),
         )
 
         def external(ob: OccupancyBinding) -> ExternalEvidence:

@@ -82,7 +82,7 @@ class TranscriptionOptions:
 
 def _clean_transcript(text: str) -> str:
     """A transcript as it is typed: machine text, so it goes through the one cleaning of Telegram
-    metadata (SPEC §10.1): every run of control characters and line breaks becomes one space; runs
+    metadata (topicbus.metadata): every run of control characters and line breaks becomes one space; runs
     of spaces are then folded, and it is bounded (a 300 s note says far less)."""
     return _SPACES.sub(" ", clean_metadata(text, limit=TRANSCRIPT_LIMIT)).strip()
 

@@ -1,4 +1,4 @@
-"""The adversarial run of issue 10 (`make chaos`, docs/reliability.md "Hostile and stuck clients").
+"""The adversarial run of hostile and stuck clients (`make chaos`, docs/reliability.md "Hostile and stuck clients").
 
 One real ``topicbus leader`` under ``ulimit -n 1024`` and ``TOPICBUS_CHAOS_FOLLOWERS`` (4) legitimate
 ``topicbus follow`` echo agents. A prober writes to them in turn for the whole run and measures each
@@ -398,7 +398,7 @@ async def test_hostile_and_stuck_clients_hold_up_no_one(cluster: Cluster, tmp_pa
         "reopenCalls": len(cluster.fake.calls_to("reopenForumTopic")),
     })
     with capsys.disabled():
-        print("\n=== topicbus chaos (issue 10) ===\n" + "\n".join(f"{k}: {v}" for k, v in figures.items()),
+        print("\n=== topicbus chaos (hostile and stuck clients) ===\n" + "\n".join(f"{k}: {v}" for k, v in figures.items()),
               flush=True)
         print("CHAOS_SUMMARY " + json.dumps(figures), flush=True)
 

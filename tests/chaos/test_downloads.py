@@ -1,4 +1,4 @@
-"""The download attack of issue 20 (break 5), repeated with figures (`make chaos`).
+"""The download attack, repeated with figures (`make chaos`, docs/reliability.md "Strangers and files").
 
 One real ``topicbus leader`` (``BUS_MAX_DOWNLOADS`` at its default of 4, ``BUS_WRITE_TIMEOUT_S=2``)
 and a raw follower with three 19 MB owner files in its topic. Two readers start a download and

@@ -1,4 +1,4 @@
-"""The adversarial run for owner files (issue 20, breaks 1, 3 and 7; ``make chaos``).
+"""The adversarial run for owner files (``make chaos``, docs/reliability.md "Strangers and files").
 
 One real ``topicbus leader`` against the fake Bot API, and two real ``topicbus follow`` agents: one
 that records every line it reads, one ``bash``.

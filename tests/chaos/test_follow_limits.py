@@ -1,4 +1,4 @@
-"""`follow`'s limits under attack (`make chaos`, issue 20 breaks 4 and 6), with figures.
+"""`follow`'s limits under attack (`make chaos`), with figures.
 
 * **A 20 MB line** (``TOPICBUS_CHAOS_LINE_MB``) without a newline, from a child of a real `follow`
   attached to a real leader: how long the child's writes took (`follow` reads at the pace the
@@ -9,7 +9,7 @@
 
 Checks: every character arrives, no drop marker, `follow`'s peak RSS grows by less than the line.
 The figures are printed (also without ``-s``) and as one ``CHAOS_FOLLOW_LIMITS {json}`` line. The
-secret half (break 6) needs a non-root user and is the e2e test tests/e2e/test_follow_secret.py.
+secret half needs a non-root user and is the e2e test tests/e2e/test_follow_secret.py.
 """
 
 from __future__ import annotations

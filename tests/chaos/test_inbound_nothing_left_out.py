@@ -1,4 +1,4 @@
-"""The adversarial run for issue 20, breaks 8-10 (`make chaos`): nothing the owner sends is left out.
+"""The adversarial run (`make chaos`): nothing the owner sends is left out.
 
 One real ``topicbus leader`` against the fake Bot API, followers on the bus speaking the protocol
 (``RawAgent`` of the e2e suite):
@@ -153,7 +153,7 @@ async def test_nothing_the_owner_sends_is_left_out(cluster: Cluster, capsys: pyt
     await deep_queue(cluster, figures)
     await long_albums(cluster, figures)
     with capsys.disabled():
-        print("\n=== topicbus chaos (issue 20: nothing left out) ===\n"
+        print("\n=== topicbus chaos (nothing left out) ===\n"
               + "\n".join(f"{k}: {v}" for k, v in figures.items()), flush=True)
         print("CHAOS_INBOUND_SUMMARY " + json.dumps(figures), flush=True)
 

@@ -1,4 +1,4 @@
-"""The press storm of issue 20 (break 2), repeated with figures (`make chaos`).
+"""A storm of button presses, repeated with figures (`make chaos`, docs/reliability.md "Strangers and files").
 
 One real ``topicbus leader`` at the bot's real rate (``RATE_LIMIT_PER_SECOND=30``; the group budget
 unlimited, so only the presses can slow output), a ``topicbus follow`` agent asking ``[y/N]`` and
@@ -141,7 +141,7 @@ async def test_a_press_storm_neither_delays_output_nor_costs_an_answer_a_press(c
         "leader_press_answers": press_answers(cluster),
     }
     with capsys.disabled():
-        print("\n=== topicbus press storm (issue 20) ===\n" + "\n".join(f"{k}: {v}" for k, v in figures.items()),
+        print("\n=== topicbus press storm ===\n" + "\n".join(f"{k}: {v}" for k, v in figures.items()),
               flush=True)
         print("PRESSES_SUMMARY " + json.dumps(figures), flush=True)
 

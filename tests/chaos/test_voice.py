@@ -1,4 +1,4 @@
-"""Voice notes as text under attack (issue 24; ``make chaos``): an endpoint that answers, fails or
+"""Voice notes as text under attack (``make chaos``): an endpoint that answers, fails or
 hangs at random, a leader SIGKILLed and started again mid-run, and owners who keep writing.
 
 One real ``topicbus leader`` with ``TOPICBUS_TRANSCRIBE_TIMEOUT_S=2`` and a fake endpoint that, for
@@ -174,6 +174,6 @@ async def test_voice_notes_keep_their_place_through_failures_hangs_and_a_leader_
                "restart_window_s": round(restart_window[1] - restart_window[0], 1),
                "probes_over_500_ms": slow_probes}
     with capsys.disabled():
-        print("\n=== topicbus chaos: voice notes (issue 24) ===\n"
+        print("\n=== topicbus chaos: voice notes ===\n"
               + "\n".join(f"{k}: {v}" for k, v in figures.items()), flush=True)
         print("VOICE_CHAOS " + json.dumps(figures), flush=True)

@@ -99,7 +99,6 @@ class Cluster:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICBUS_")}
         env.update({
-            "PTB_TIMEDELTA": "true",
             "TOPICBUS_BOT_TOKEN": TOKEN,
             "TOPICBUS_CHAT_ID": str(CHAT_ID),
             "TOPICBUS_OWNER_IDS": str(OWNER_ID),

@@ -1,4 +1,4 @@
-"""Bad input end to end (SPEC §4.3, §7 "Bad input … gets a clear error and changes nothing").
+"""Bad input end to end: each gets a clear error and changes nothing.
 
 A real ``topicbus leader`` subprocess against the fake Bot API, spoken to with raw WebSocket
 clients (no follower library in between), raw Telegram updates and broken environments.
@@ -618,7 +618,7 @@ def _chat() -> dict[str, Any]:
 
 async def test_unroutable_telegram_updates_are_ignored_and_routing_continues(cluster: Cluster):
     """Well-formed updates that must not reach any follower; a valid one after them still does.
-    (An owner's edit in an agent's topic is routed since issue 13: tests/e2e/test_inbound.py.)"""
+    (An owner's edit in an agent's topic is routed: tests/e2e/test_inbound.py.)"""
     await cluster.start_leader()
     await cluster.wait_polling()
     out, thread = await start_recorded_follower(cluster, "tg-target")

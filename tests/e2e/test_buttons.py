@@ -1,9 +1,9 @@
-"""Inline buttons end to end (issue 12 §4 and §6): a real leader process against the fake Bot API,
+"""Inline buttons end to end (docs/architecture.md, "A button press"): a real leader process against the fake Bot API,
 real ``topicbus follow`` processes and a real ``FollowerClient`` program. A yes/no prompt gets Yes
 and No buttons and a press types the answer; the Interrupt button interrupts a printing child and
 ignores strangers; a ``FollowerClient`` sees a press exactly once across a leader SIGKILL; a storm of
 presses, a stranger's or an owner's on an answered prompt, neither delays another agent's echo nor
-gets more than a few answers (issue 20)."""
+gets more than a few answers."""
 
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ async def stop(proc: Proc) -> None:
         proc.kill()
 
 
-# --- storms of presses (issue 20) ------------------------------------------------------------------------
+# --- storms of presses ---------------------------------------------------------------------------------
 
 PRESSES = 500
 BOT_RATE = 30  # Telegram's calls a second for one bot, as in production (the rest of the budget is unlimited)
@@ -315,7 +315,7 @@ async def test_an_owners_press_storm_on_an_answered_prompt_does_not_delay_anothe
     assert "\n".join(cluster.texts_in(storm.prompt_thread)).count("answer=") == 1
 
 
-# --- a yes/no question with stderr around it (issue 21) ----------------------------------------------------
+# --- a yes/no question with stderr around it -------------------------------------------------------------
 
 # A warning on stderr, the question on stdout, and (in the Python script) a second warning a tenth of a
 # second after the question (a library warning as the answer is awaited), before the answer is read. The shell script is the trial's: it writes both before
@@ -361,7 +361,7 @@ async def test_a_question_after_stderr_warnings_keeps_its_buttons_and_comes_afte
     assert "aborted" not in "\n".join(cluster.texts_in(thread))
 
 
-# --- no Interrupt button left once a run ended (issue 21) -----------------------------------------------
+# --- no Interrupt button left once a run ended --------------------------------------------------------
 
 # Prints a line every 0.25 s for about 7 s; then either waits for input ("stops") or exits.
 RUN_THEN = textwrap.dedent("""

@@ -1,4 +1,4 @@
-"""The bot as a Telegram citizen (issue 13), with real leader processes against the fake Bot API:
+"""The bot as a Telegram citizen, with real leader processes against the fake Bot API:
 the command menu, the welcome, the hint outside agent topics, and a start-up free of warnings."""
 
 from __future__ import annotations

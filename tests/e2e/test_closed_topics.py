@@ -1,4 +1,4 @@
-"""A failed delete followed by restarts (issue 10, break 3), with real processes: cleanup is on, one
+"""A failed delete followed by restarts, with real processes: cleanup is on, one
 deleteForumTopic fails with a 5xx, the agent is SIGKILLed and started again in the same directory.
 It gets its topic back open (reopened), its output is posted, and a leader restart keeps it open."""
 

@@ -1,4 +1,4 @@
-"""Connection hygiene on the bus port (issue 10, break 2).
+"""Connection hygiene on the bus port (docs/operations.md, "Connection limits").
 
 Idle and half-open connections cannot exhaust the leader: connections that send no request head, no
 registration or no pong are dropped by their deadlines, the oldest unauthenticated connection

@@ -1,4 +1,4 @@
-"""The control topic through Telegram (SPEC §4.4): owners' commands answered in the control topic,
+"""The control topic through Telegram (README, "Control topic"): owners' commands answered in the control topic,
 bad arguments get a clear answer, strangers are ignored; topic service messages update the store."""
 
 from __future__ import annotations

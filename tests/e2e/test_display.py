@@ -1,4 +1,4 @@
-"""Topic titles end to end (issue 5): no repaint storm at restart, one edit per topic for a burst."""
+"""Topic titles end to end: no repaint storm at restart, one edit per topic for a burst."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Owner documents fetched from ``GET /v1/files/<fileId>`` (issue 20, break 5): a real ``topicbus
+"""Owner documents fetched from ``GET /v1/files/<fileId>`` (docs/operations.md): a real ``topicbus
 leader`` streams each file from the fake Bot API to the follower in chunks, so its peak memory does
 not grow with the files; at most ``BUS_MAX_DOWNLOADS`` stream at once and the rest wait their turn;
 a follower that stops reading is dropped after ``BUS_WRITE_TIMEOUT_S`` and frees its place."""

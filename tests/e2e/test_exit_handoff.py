@@ -1,4 +1,4 @@
-"""Nothing lost at exit (issue 12 §1, SPEC §9.1 "Exit hand-off"): a real leader, real `follow`
+"""Nothing lost at exit (docs/operations.md, "Cleanup policy"): a real leader, real `follow`
 processes and the fake Bot API under Telegram's real budget (20 a minute in the group). Every line
 and the exit notice reach the topic before any close or delete; a proven death is marked
 ``⏹ process ended``; the topic stays for its grace period and comes back to a returning agent."""

@@ -1,4 +1,4 @@
-"""Faults end to end (SPEC §6.9, §7 "No loss"): real leader and follower processes, SIGKILL,
+"""Faults end to end (docs/reliability.md, "What is guaranteed"): real leader and follower processes, SIGKILL,
 Telegram 429/5xx/network errors from the fake Bot API, a locked and an unwritable database."""
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ async def test_a_rejected_bot_token_exits_2_with_a_readable_line(cluster: Cluste
 
 async def test_a_control_answer_under_flood_control_waits_without_holding_up_polling_and_is_never_lost(
         cluster: Cluster):
-    """Issue 11's break: the reply to /status met RetryAfter inside the handler, the poller retried the
+    """Once, the reply to /status met RetryAfter inside the handler, the poller retried the
     update (routing of every owner message stopped) and skipped it after 3 attempts, answer lost."""
     await cluster.start_leader()
     await cluster.wait_polling()

@@ -1,4 +1,4 @@
-"""Owner files end to end (issue 20, breaks 1, 3 and 7): a real leader process against the fake Bot
+"""Owner files end to end: a real leader process against the fake Bot
 API and a real ``topicbus follow``. Files arrive whole (sha256 on disk) or are typed as failed with
 nothing partial left; every file of an album keeps its own name; a file name never runs as a command
 in a ``bash`` agent."""

@@ -1,4 +1,4 @@
-"""Full-screen programs under ``follow --pty`` (issue 21): one screen message edited in place with the
+"""Full-screen programs under ``follow --pty``: one screen message edited in place with the
 latest complete frame, not a snapshot message every few seconds. A real leader under Telegram's group
 budget (20 calls a minute, one a second, enforced by the fake Bot API), real ``follow --pty`` processes,
 a real program on the alternate screen, and another agent answering meanwhile."""

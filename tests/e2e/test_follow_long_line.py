@@ -1,4 +1,4 @@
-"""One very long line flows through `follow` whole, in bounded memory (issue 20, break 4).
+"""One very long line flows through `follow` whole, in bounded memory.
 
 A child writes a 6 MB line without a newline while the leader is reachable. Every character reaches
 the topic (as messages and text documents), no "dropped" marker appears, and `follow`'s peak RSS

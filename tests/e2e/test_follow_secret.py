@@ -1,4 +1,4 @@
-"""The bus secret stays with `follow` (issue 20, break 6).
+"""The bus secret stays with `follow` (docs/operations.md, "What the agent can see").
 
 `follow` and its child run as the same non-root user (``nobody``), as an agent usually does. The
 child tries to read the secret where `follow` keeps it: ``/proc/$PPID/environ`` and

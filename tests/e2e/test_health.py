@@ -1,4 +1,4 @@
-"""Health that tells the truth (issue 10): ``/healthz`` is 503 with a reason while the poll loop
+"""Health that tells the truth (docs/operations.md, "Health reasons"): ``/healthz`` is 503 with a reason while the poll loop
 has not completed a batch within its deadline, while the lease cannot be refreshed, and while the
 journal cannot be written; 200 again once that is over. One test per reason."""
 

@@ -1,4 +1,4 @@
-"""The inbound side end to end (issues 12 and 13): a real ``topicbus leader`` process against the
+"""The inbound side end to end (replies, edits, media, albums, reactions): a real ``topicbus leader`` process against the
 fake Bot API, followers on the bus speaking the protocol with the new capabilities (``RawAgent``),
 and the real ``topicbus follow`` for what an older follower gets. Replies, edits, voice, audio and
 albums as files fetched from /v1/files, too-large files, receipt reactions, reserved commands and
@@ -285,7 +285,7 @@ async def test_follow_types_each_file_as_kind_and_path_and_replies_and_edits_onl
         await cluster.wait_text(thread, "does not take edits")
 
 
-# --- no false "offline" after a leader restart (issue 21) -----------------------------------------------
+# --- no false "offline" after a leader restart --------------------------------------------------------
 
 WINDOW_MS = "8000"  # the restarted leader's startup window (FOLLOWER_STALE_AFTER_MS)
 

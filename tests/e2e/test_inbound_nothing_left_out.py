@@ -1,4 +1,4 @@
-"""Nothing the owner sends is left out (issue 20, breaks 8-10), end to end: a real ``topicbus leader``
+"""Nothing the owner sends is left out, end to end: a real ``topicbus leader``
 process against the fake Bot API, followers on the bus speaking the protocol (``RawAgent``).
 
 * ``/queue`` counts every message that waits (5,000 of them), not the first 1,000;

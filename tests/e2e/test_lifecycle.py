@@ -1,4 +1,4 @@
-"""Follower lifecycle end to end: pruning, death proof, cleanup or preservation (SPEC §6.2–6.6)."""
+"""Follower lifecycle end to end: pruning, death proof, cleanup or preservation (docs/operations.md, "Follower lifecycle")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A newcomer's mistakes get answers that fix them (issue 13), with real processes: the message, and
+"""A newcomer's mistakes get answers that fix them, with real processes: the message, and
 the exit code where the process exits. Secrets never appear in any of them."""
 
 from __future__ import annotations

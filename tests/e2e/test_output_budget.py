@@ -1,4 +1,4 @@
-"""Agent output under Telegram's real budget (issue 11): real leader and ``follow`` processes against
+"""Agent output under Telegram's real budget (docs/operations.md, "The outbound budget"): real leader and ``follow`` processes against
 a fake Bot API that enforces 20 calls a minute and one a second for the group, as Telegram does.
 
 Deadlines are derived from that budget (20 a minute, 1 a second), with margin for a busy machine;

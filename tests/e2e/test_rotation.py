@@ -1,4 +1,4 @@
-"""Slot rotation end to end (issue 4): 26 slots full, preserved dead followers, one victim, one delete."""
+"""Slot rotation end to end (docs/operations.md, "Workspace slots and titles"): 26 slots full, preserved dead followers, one victim, one delete."""
 
 from __future__ import annotations
 

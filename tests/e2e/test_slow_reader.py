@@ -1,4 +1,4 @@
-"""A follower that never reads holds nobody up (issue 10, break 1).
+"""A follower that never reads holds nobody up (docs/operations.md, "Connection limits").
 
 A raw client with a 4 KiB receive buffer registers, keeps heartbeating (so pruning is not what
 saves the day) and never reads. The owner floods its topic with more than every buffer between the

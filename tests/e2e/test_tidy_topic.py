@@ -1,4 +1,4 @@
-"""A tidy topic (issue 21): a prompt that comes alone after a program's output joins the output's
+"""A tidy topic: a prompt that comes alone after a program's output joins the output's
 message instead of standing alone, and no "✓" line holds only a prompt. A real leader against the
 fake Bot API and a real ``topicbus follow`` with a Python program that behaves like a shell."""
 

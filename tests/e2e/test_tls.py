@@ -1,4 +1,4 @@
-"""TLS for the bus with real processes (issue 10): a leader with a certificate and key, `topicbus
+"""TLS for the bus with real processes (docs/operations.md, "TLS"): a leader with a certificate and key, `topicbus
 follow` over wss:// trusting the self-signed certificate with --ca-file, `topicbus status` over
 https:// with --ca-file and --secret-file; and the one startup notice for a bind without TLS."""
 

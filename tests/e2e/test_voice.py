@@ -1,4 +1,4 @@
-"""Voice notes as text (issue 24) end to end: a real ``topicbus leader`` against the fake Bot API and
+"""Voice notes as text (docs/operations.md, "Voice notes as text") end to end: a real ``topicbus leader`` against the fake Bot API and
 a fake OpenAI-compatible transcription endpoint (``tests/support/fake_transcriber.py``), with the real
 ``topicbus follow`` running a recording agent. The transcript reaches the agent's stdin as a message
 the owner wrote, and the topic shows it as a reply to the voice note; a note that cannot be

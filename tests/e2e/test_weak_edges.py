@@ -1,4 +1,4 @@
-"""Weak edges (issue 10): a damaged database is one readable line and exit 2; `topicbus status`
+"""Weak edges: a damaged database is one readable line and exit 2; `topicbus status`
 takes the secret from a file and warns when it is given on the command line."""
 
 from __future__ import annotations

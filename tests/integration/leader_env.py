@@ -4,7 +4,6 @@ reference cases can drive registration, pruning and departure step by step with 
 
 from __future__ import annotations
 
-import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,6 @@ from topicbus.storage.db import Authority, Database
 from topicbus.storage.lease import LeaseRepository
 from tests.doubles import FakeLiveness
 from tests.fakebotapi import FakeBotApi
-
-os.environ.setdefault("PTB_TIMEDELTA", "true")
 
 TOKEN = "123456:TEST-integration-token-0000000000000"
 CHAT = -1001234567890

@@ -1,4 +1,4 @@
-"""TLS on the bus (issue 10): wss:// for followers, https:// for the HTTP endpoints, with a
+"""TLS on the bus (docs/operations.md, "TLS"): wss:// for followers, https:// for the HTTP endpoints, with a
 certificate and key the leader loads; a follower trusts a self-signed certificate through its CA
 file option, and one without it is refused by its own verification."""
 

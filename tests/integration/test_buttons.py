@@ -1,4 +1,4 @@
-"""Inline buttons on the leader's side (issue 12 §4 and §6) with the real PTB Application, the real
+"""Inline buttons on the leader's side (docs/architecture.md, "A button press") with the real PTB Application, the real
 handlers and poller against the fake Bot API, over a real store: a follower's buttons with short
 callback ids, owners only, stale presses, exactly once across a second press and a redelivered
 update, a follower without button-v1, and the Interrupt button of a printing agent."""

@@ -1,4 +1,4 @@
-"""The exit hand-off on the leader's side (issue 12, SPEC §9.1): a finished agent's topic gets its
+"""The exit hand-off on the leader's side (docs/operations.md, "Cleanup policy"): a finished agent's topic gets its
 output first, then (after a proven death) ``⏹ process ended``, and is deleted only when its grace
 period is over and nobody took the workspace back. Manual clock; real store; fake Bot API."""
 

@@ -1,4 +1,4 @@
-"""Closed topics are repaired (issue 10, break 3): a topic that a cleanup closed but could not
+"""Closed topics are repaired: a topic that a cleanup closed but could not
 delete is reopened before its workspace is bound to it again, and a leader restart that cancels
 that cleanup leaves the topic open."""
 

@@ -2,7 +2,7 @@
 ``tests/data/make_database_0_2.py`` with real 0.2 processes) opens with today's schema without loss:
 its topics keep their slots and threads, its stored preferences still rule, its pending cleanup is
 still pending, and the messages queued for an offline agent reach that agent when it returns, in
-order. Every later schema change must keep this test green (SPEC §10.1, "Schema changes")."""
+order. Every later schema change must keep this test green: migrations only go forward, and a 0.2 database loses nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Defaults on upgrade (SPEC §9.1): a new database starts in the new default display mode (names);
+"""Defaults on upgrade (migration 005): a new database starts in the new default display mode (names);
 an existing one keeps the mode it has, so an upgrade renames nothing. Migration 005 records the old
 default (letters) for a database a leader has used; the stored /mode and TOPICBUS_DISPLAY_MODE keep
 their precedence over it."""

@@ -1,4 +1,4 @@
-"""Topic titles: reference cases 47, 48, 56, debounce, mode changes and /forget (issue 5)."""
+"""Topic titles: reference cases 47, 48, 56, debounce, mode changes and /forget."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """The fake Bot API server, driven by the real python-telegram-bot 22.8 client over HTTP."""
 
-import os
-
-os.environ["PTB_TIMEDELTA"] = "true"
-
 import asyncio
 import datetime as dtm
 import json

@@ -1,4 +1,4 @@
-"""HTTP endpoints of the bus server (SPEC §4.5): /healthz by role, /metrics, /v1/status auth."""
+"""HTTP endpoints of the bus server (docs/operations.md, "HTTP endpoints"): /healthz by role, /metrics, /v1/status auth."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The inbound side of issues 12 and 13 with the real PTB Application, the real handlers and the
+"""The inbound side (replies, edits, media, albums, reactions) with the real PTB Application, the real handlers and the
 real poller against the fake Bot API, over a real store: reply context, edits, media and albums,
 too-large files, receipt reactions, reserved commands and generation-bound controls, the offline
 queue (/queue, /drop) and its expiry."""

@@ -1,4 +1,4 @@
-"""What a follower's text format becomes at the Telegram call (issue 11 §5): Markdown as entities,
+"""What a follower's text format becomes at the Telegram call: Markdown as entities,
 monospace (follow's default) as one `pre` entity, HTML as parse_mode, and HTML Telegram cannot parse
 sent again once as the plain source. A leader with its real outbound scheduler and the fake Bot API."""
 

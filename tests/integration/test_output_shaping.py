@@ -1,4 +1,4 @@
-"""How agent output reaches the topic (issue 11), on a leader with its real outbound scheduler and
+"""How agent output reaches the topic (README, "How output looks in Telegram"), on a leader with its real outbound scheduler and
 the fake Bot API: long output as one text file with the last lines as its caption, a stream's
 messages silent and ended by one notifying "✓" line, the follower's outbox cap answered with
 backlog-full and nothing stored, and topics served in turn when the budget is short."""

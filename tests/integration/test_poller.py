@@ -5,7 +5,6 @@ failures are retried, then skipped; storage trouble is retried without confirmin
 from __future__ import annotations
 
 import asyncio
-import os
 import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,8 +18,6 @@ from telegram.warnings import PTBUserWarning
 from topicbus.bot.poller import MAX_HANDLER_ATTEMPTS, UpdatePoller
 from topicbus.storage.db import AuthorityLost, StorageUnavailable
 from tests.fakebotapi import FakeBotApi
-
-os.environ.setdefault("PTB_TIMEDELTA", "true")
 
 TOKEN = "123456:TEST-poller-token-00000000000000000"
 CHAT = -1001234567890

@@ -1,4 +1,4 @@
-"""The press-answer lane (issue 20) with the real PTB Bot against the fake Bot API: an answer that
+"""The press-answer lane with the real PTB Bot against the fake Bot API: an answer that
 Telegram refused with RetryAfter waits out the pause, and one whose deadline passed meanwhile is
 dropped, never sent late; the chat's own RetryAfter pause holds the lane too."""
 

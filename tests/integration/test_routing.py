@@ -1,4 +1,4 @@
-"""Inbound routing and topic events over the real store (SPEC §4.4, §6.9)."""
+"""Inbound routing and topic events over the real store (docs/operations.md, "Routing and durability")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Voice notes as text (issue 24) in one leader term: the real PTB Application, handlers and poller
+"""Voice notes as text (docs/operations.md, "Voice notes as text") in one leader term: the real PTB Application, handlers and poller
 against the fake Bot API, a real store, and the fake transcription endpoint. What followers with and
 without ``transcript-v1`` get, the file of a transcript fetched like any routed file, and a held note
 that ``/drop`` drops while it is transcribed."""

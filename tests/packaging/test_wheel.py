@@ -1,4 +1,4 @@
-"""The installed wheel, as a user gets it (issue 9): built from this checkout, installed into fresh
+"""The installed wheel, as a user gets it: built from this checkout, installed into fresh
 virtual environments, and used from a project directory that has its own ``app``, ``handlers`` and
 ``storage`` packages.
 
@@ -176,7 +176,8 @@ def test_installed_wheel_works_next_to_a_users_own_app_package(wheel: Path, tmp_
     python, site = fresh_venv(tmp_path / "venv", wheel)
     assert sorted(p.name for p in site.iterdir()) == sorted(["topicbus", dist_info_name(wheel)])
     # Dependencies: this environment's site-packages as a plain path entry. The editable install's
-    # finder (a .pth file there) is not run for a path entry, so this checkout stays invisible.
+    # .pth file there (naming the checkout's link tree) is not read for a path entry, so this
+    # checkout stays invisible.
     paths = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
     (site / "test-dependencies.pth").write_text("\n".join(paths) + "\n")
     project = user_project(tmp_path / "project")

@@ -306,7 +306,7 @@ class Soak:
 
         With ``die`` the paused process is SIGKILLed instead of resumed, once the leader has pruned it.
         Its death is then proven only by a *deferred* observation, which may preserve but never delete
-        (SPEC §6.3): its topic must survive even with cleanup on, and the restart must get it back.
+        (docs/operations.md, "Cleanup policy"): its topic must survive even with cleanup on, and the restart must get it back.
         """
         life = f.lives[-1]
         f.up = False

@@ -14,6 +14,8 @@ from tests.fakebotapi import FakeBotApi
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeBotApi]:
+async def fake(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeBotApi]:
+    # PTB in this process hands durations as `topicbus leader` makes it (PTB_TIMEDELTA, cli.cmd_leader).
+    monkeypatch.setenv("PTB_TIMEDELTA", "true")
     async with FakeBotApi() as server:
         yield server

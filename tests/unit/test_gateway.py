@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from telegram.error import BadRequest, Conflict, Forbidden, NetworkError, RetryAfter, TimedOut
 from telegram.warnings import PTBDeprecationWarning
 
+from topicbus import cli
 from topicbus.bot.gateway import CallResult, Outcome, classify, retry_after_seconds
 
 
@@ -41,7 +46,7 @@ def test_only_ok_and_not_modified_count_as_done():
 
 @pytest.mark.parametrize("retry_after", [timedelta(seconds=7), 7])
 def test_retry_after_with_ptb_timedelta(monkeypatch, retry_after):
-    monkeypatch.setenv("PTB_TIMEDELTA", "true")  # PTB answers a timedelta (make run, Docker)
+    monkeypatch.setenv("PTB_TIMEDELTA", "true")  # PTB answers a timedelta (as `topicbus leader` sets it)
     error = RetryAfter(retry_after)
     assert isinstance(error.retry_after, timedelta)
     assert retry_after_seconds(error) == 7.0
@@ -57,3 +62,32 @@ def test_retry_after_as_a_number(monkeypatch):
         assert retry_after_seconds(error) == 3.0
         assert classify(error).retry_after_s == 3.0
         assert classify(error).outcome is Outcome.RETRY_AFTER
+
+
+def test_the_leader_command_sets_ptb_timedelta_when_it_starts_and_importing_topicbus_does_not(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """PTB_TIMEDELTA's one home is `topicbus leader`'s start: not an import (whose environment
+    `follow`'s agents would inherit), not the Makefile or the Docker image."""
+    environment = {k: v for k, v in os.environ.items() if k != "PTB_TIMEDELTA" and not k.startswith("TOPICBUS_")}
+    imported = subprocess.run(
+        [sys.executable, "-c", "import os, topicbus.cli; print(os.environ.get('PTB_TIMEDELTA'))"],
+        env=environment, capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "None"
+
+    monkeypatch.delenv("PTB_TIMEDELTA", raising=False)
+    for name in [n for n in os.environ if n.startswith("TOPICBUS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # no .env: the leader exits 2 for want of configuration, after the setting
+    with pytest.raises(SystemExit):
+        cli.cmd_leader()
+    assert os.environ["PTB_TIMEDELTA"] == "true"
+
+
+def test_an_operators_own_ptb_timedelta_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PTB_TIMEDELTA", "false")
+    for name in [n for n in os.environ if n.startswith("TOPICBUS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        cli.cmd_leader()
+    assert os.environ["PTB_TIMEDELTA"] == "false"

@@ -3,7 +3,6 @@ reserved-command parsing, album folding, the owner-facing words, the reaction de
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -17,11 +16,15 @@ from topicbus.leader.reactions import reacted_messages, reaction_emoji
 from topicbus.protocol import Capabilities, Deliver, deliver_frame, encode, decode_leader_frame, message_item
 from topicbus.storage.journal import JournalItem
 
-os.environ.setdefault("PTB_TIMEDELTA", "true")
-
 BOT_ID, BOT_NAME, THREAD = 999, "topicbus_bot", 5
 OWNER = {"id": 1, "is_bot": False, "first_name": "Ada", "last_name": "L"}
 CHAT = {"id": -100123, "type": "supergroup", "title": "Forum", "is_forum": True}
+
+
+@pytest.fixture(autouse=True)
+def leader_durations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PTB hands durations as `topicbus leader` makes it (PTB_TIMEDELTA, cli.cmd_leader)."""
+    monkeypatch.setenv("PTB_TIMEDELTA", "true")
 
 
 def message(**fields: Any) -> Message:

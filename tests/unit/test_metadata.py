@@ -1,4 +1,4 @@
-"""The one cleaning function for Telegram metadata (SPEC §10.1): whatever a file's maker put in its
+"""The one cleaning function for Telegram metadata (topicbus.metadata): whatever a file's maker put in its
 name, title or performer, what reaches an agent's stdin is one harmless line."""
 
 from __future__ import annotations

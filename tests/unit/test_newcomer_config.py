@@ -1,4 +1,4 @@
-"""Configuration mistakes a newcomer makes, and the lines that name them (issue 13)."""
+"""Configuration mistakes a newcomer makes, and the lines that name them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Answers to button presses (issue 20): one alert a minute per stranger, presses of one button
+"""Answers to button presses: one alert a minute per stranger, presses of one button
 merged, nothing sent past its deadline, a per-second cap, owners first (pure, clock passed in)."""
 
 from __future__ import annotations

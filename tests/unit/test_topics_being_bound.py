@@ -1,5 +1,5 @@
 """TopicsBeingBound: a topic the router does not know is looked up again once the registrations
-running have finished (issue 20, break 9), including one that finished during the first lookup."""
+running have finished, including one that finished during the first lookup."""
 
 from __future__ import annotations
 

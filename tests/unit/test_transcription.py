@@ -1,4 +1,4 @@
-"""Voice notes as text (issue 24), the pure parts: the transcript's cleaning, which notes are
+"""Voice notes as text, the pure parts: the transcript's cleaning, which notes are
 transcribed, the transcript item and who gets its ``transcribedFrom``, what ``follow`` types, and the
 settings (the key read from its file, never shown)."""
 
