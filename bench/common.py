@@ -38,7 +38,7 @@ import aiohttp
 from aiohttp import web
 from loguru import logger
 
-from topicbus.follower.client import Delivery, FollowerClient
+from topicbus import Delivery, FollowerClient
 from topicbus.protocol import Kind, follower_identity
 from tests.fakebotapi import FakeBotApi
 

@@ -23,20 +23,24 @@ protocol). The secret is never logged.
 
 Deliveries: ``message`` items go to ``on_delivery`` (with ``media=True`` also ``media`` items,
 media-v1: voice, audio, video, albums as one delivery with all their files); ``edit`` items (edit-v1)
-to ``on_edit``; ``control`` items (control-v1: ``/interrupt``,
-``/kill``, ``/eof``; and ``/screen`` with ``screenshots=True``, screen-v1) to ``on_control`` and ``button`` items (button-v1: an owner pressed one of this
-follower's inline buttons) to ``on_button``. The client advertises ``control-v1`` / ``button-v1`` /
-``edit-v1`` only when the matching callback is given, and ``media-v1`` (with ``transcript-v1``: a
-transcribed voice note's ``Delivery.transcribed_from``) only with ``media=True``. Controls run on their own worker, so an ``/interrupt``
-never waits behind a message; messages and button presses keep their order. A callback that raises
+to ``on_edit``; ``control`` items (control-v1: ``/interrupt``, ``/kill``, ``/eof``; and ``/screen``
+with ``screenshots=True``, screen-v1) to ``on_control`` and ``button`` items (button-v1: an owner
+pressed one of this follower's inline buttons) to ``on_button``. The client advertises
+``control-v1`` / ``button-v1`` / ``edit-v1`` only when the matching callback is given, and
+``media-v1`` (with ``transcript-v1``: a transcribed voice note's ``Delivery.transcribed_from``) only
+with ``media=True``. Controls run on their own worker, so an ``/interrupt`` never waits behind a
+message; messages and button presses keep their order. A callback that raises
 :class:`DeliveryDeclined` leaves the item unacknowledged (the leader keeps it), quietly.
 
 Files: :meth:`FollowerClient.download_to` streams an owner's file to disk, and
 :meth:`FollowerClient.download_document` reads one into memory; either gives the whole file, of the
 size Telegram reported, or raises :class:`FollowerDownloadError` and keeps nothing.
 
-Layout: the connection loop (socket, registration, heartbeats, requests) is
-:mod:`topicbus.follower.connection`; public data and errors are :mod:`topicbus.follower.model`.
+Layout: a :class:`FollowerClient` owns a :class:`~topicbus.follower.connection.BusConnection`
+(socket, registration, heartbeats, reconnects, requests, file fetches) and a
+:class:`~topicbus.follower.receiving.Receiver` (callbacks, receipts); it is the public API, sends
+and the lifecycle. Public data and errors are :mod:`topicbus.follower.model`; the package's public
+surface is ``topicbus.__all__``.
 """
 
 from __future__ import annotations
@@ -45,50 +49,44 @@ import asyncio
 import contextlib
 import os
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
-import aiohttp
 from loguru import logger
 
 from topicbus.follower.connection import (
-    _PERMANENT_SEND_CODES,
-    _REREGISTER_CODES,
+    REREGISTER_CODES,
     BusConnection,
-    _Conn,
-    _ConnectionLost,
+    ConnectionLost,
+    ConnectionTiming,
+    RegistrationIdentity,
+    new_instance_id,
 )
 from topicbus.follower.download import DOWNLOAD_LIMIT, checked_chunks, write_new_file
-from topicbus.follower.receiving import Receiver
 from topicbus.follower.model import (
     Assignment,
     Button,
     ButtonPress,
     Control,
     Delivery,
-    DeliveryDeclined,
     Edit,
     FollowerClosed,
-    FollowerDownloadError,
     FollowerError,
-    FollowerRefused,
     FollowerSendError,
     FollowerSuperseded,
     split_markdown,
     split_text,
 )
+from topicbus.follower.receiving import Receiver
 from topicbus.protocol import (
     CAP_SCREEN,
     CAP_TRANSCRIPT,
-    FILES_PATH,
     MAX_DOCUMENT_BYTES,
     MAX_TEXT_CHARS,
     MESSAGE_ITEM,
     SEND_FIELD_CAPABILITIES,
     UNSUPPORTED_BY_LEADER,
     Capabilities,
-    Deliver,
     ErrorCode,
     SendResult,
     TextFormat,
@@ -98,23 +96,8 @@ from topicbus.protocol import (
     text_message,
 )
 
-__all__ = [
-    "Assignment",
-    "Button",
-    "ButtonPress",
-    "Control",
-    "Delivery",
-    "DeliveryDeclined",
-    "Edit",
-    "FollowerClient",
-    "FollowerClosed",
-    "FollowerDownloadError",
-    "FollowerError",
-    "FollowerRefused",
-    "FollowerSendError",
-    "FollowerSuperseded",
-    "split_text",
-]
+#: Refusals of a send that retrying cannot change.
+_PERMANENT_SEND_CODES = frozenset({ErrorCode.FOREIGN_TARGET.value, ErrorCode.INVALID_ENVELOPE.value})
 
 
 def tls_client_context(ca_file: str | os.PathLike[str] | None) -> ssl.SSLContext | None:
@@ -128,14 +111,29 @@ def tls_client_context(ca_file: str | os.PathLike[str] | None) -> ssl.SSLContext
         raise ValueError(f"cannot use the CA file {os.fspath(ca_file)}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-DOWNLOAD_STALL_S = 60.0  # a file download that receives nothing for this long has failed
+def advertised_capabilities(*, control: bool, button: bool, edit: bool, media: bool, screenshots: bool) -> Capabilities:
+    """The delivery types a client hands to user code, and so advertises (docs/protocol.md,
+    "Capabilities"): ``control`` only with on_control, ``button`` only with on_button, …"""
+    receives = [MESSAGE_ITEM]
+    if control:
+        receives.append("control")
+    if button:
+        receives.append("button")
+    if edit:
+        receives.append("edit")
+    if media:
+        receives.append("media")
+    capabilities = Capabilities.for_follower(receives)
+    if media:  # a transcribed voice note names its file (transcript-v1), as media items do
+        capabilities = Capabilities(capabilities.names | {CAP_TRANSCRIPT})
+    if screenshots:  # on_control also takes ``screen`` (screen-v1): the owner's /screen
+        if not control:
+            raise ValueError("screenshots=True needs on_control: /screen arrives as a control")
+        capabilities = Capabilities(capabilities.names | {CAP_SCREEN})
+    return capabilities
 
-# --------------------------------------------------------------------------------------------
-# The client
-# --------------------------------------------------------------------------------------------
 
-
-class FollowerClient(BusConnection):
+class FollowerClient:
     """A follower's connection to the leader. See the module docstring for the guarantees."""
 
     def __init__(
@@ -164,85 +162,66 @@ class FollowerClient(BusConnection):
         build: str = "topicbus-follower/1",
         ca_file: str | os.PathLike[str] | None = None,
     ):
-        # The delivery types this client hands to user code, and so advertises (docs/protocol.md,
-        # "Capabilities"): ``control`` only with on_control, ``button`` only with on_button.
-        receives = [MESSAGE_ITEM]
-        if on_control is not None:
-            receives.append("control")
-        if on_button is not None:
-            receives.append("button")
-        if on_edit is not None:
-            receives.append("edit")
-        if media:
-            receives.append("media")
-        capabilities = Capabilities.for_follower(receives)
-        if media:  # a transcribed voice note names its file (transcript-v1), as media items do
-            capabilities = Capabilities(capabilities.names | {CAP_TRANSCRIPT})
-        if screenshots:  # on_control also takes ``screen`` (screen-v1): the owner's /screen
-            if on_control is None:
-                raise ValueError("screenshots=True needs on_control: /screen arrives as a control")
-            capabilities = Capabilities(capabilities.names | {CAP_SCREEN})
-        super().__init__(
-            leader_url=leader_url, secret=secret, capabilities=capabilities, cwd=cwd,
-            session_id=session_id, name=name, thread_name=thread_name,
-            pid=os.getpid() if pid is None else pid, instance_id=instance_id,
-            heartbeat_interval_s=heartbeat_interval_s, request_timeout_s=request_timeout_s,
-            backoff_initial_s=backoff_initial_s, backoff_max_s=backoff_max_s, build=build,
-            warning_interval_s=warning_interval_s,
-        )
+        capabilities = advertised_capabilities(control=on_control is not None, button=on_button is not None,
+                                               edit=on_edit is not None, media=media, screenshots=screenshots)
+        pid = os.getpid() if pid is None else pid
+        identity = RegistrationIdentity(instance_id=instance_id or new_instance_id(pid), pid=pid, cwd=cwd,
+                                        session_id=session_id, name=name, thread_name=thread_name,
+                                        capabilities=capabilities, build=build)
+        timing = ConnectionTiming(heartbeat_interval_s=heartbeat_interval_s, request_timeout_s=request_timeout_s,
+                                  backoff_initial_s=backoff_initial_s, backoff_max_s=backoff_max_s,
+                                  warning_interval_s=warning_interval_s)
+        self._receiver = Receiver(on_delivery=on_delivery, on_control=on_control, on_button=on_button,
+                                  on_edit=on_edit, media=media, stopping=lambda: self._connection.stopping)
         # wss:// and https:// verify the leader's certificate; ``ca_file`` trusts a private CA or a
         # self-signed certificate (TOPICBUS_BUS_CA_FILE / ``follow --ca-file``).
-        self._tls = tls_client_context(ca_file)
+        self._connection = BusConnection(leader_url=leader_url, secret=secret, identity=identity, timing=timing,
+                                         on_deliver=self._receiver.push, tls=tls_client_context(ca_file))
+        self._backlog_wait_s = backlog_wait_s  # how long a send waits out backlog-full before raising
+        self._send_lock = asyncio.Lock()
         self._close_started = False
         self._closed = asyncio.Event()
-        self._send_lock = asyncio.Lock()
-        self._backlog_wait_s = backlog_wait_s  # how long a send waits out backlog-full before raising
-        self._receiver = Receiver(on_delivery=on_delivery, on_control=on_control, on_button=on_button,
-                                  on_edit=on_edit, media=media, receipt=self._receipt,
-                                  stopping=lambda: self._stopping)
-        self._main_task: asyncio.Task[None] | None = None
-        self._receiver_tasks: list[asyncio.Task[None]] = []
 
     # ---- public state -------------------------------------------------------------------------
 
     @property
     def instance_id(self) -> str:
-        return self._instance_id
+        return self._connection.instance_id
 
     @property
     def assignment(self) -> Assignment | None:
         """The last assignment the leader acknowledged (kept across reconnects)."""
-        return self._assignment
+        return self._connection.assignment
 
     @property
     def capabilities(self) -> Capabilities:
         """What this client advertises to the leader (the delivery types it receives)."""
-        return self._capabilities
+        return self._connection.identity.capabilities
 
     @property
     def leader_capabilities(self) -> Capabilities:
         """What the leader advertised in its last registration answer (empty before the first).
         Ask it before using a newer send field, e.g. ``leader_capabilities.accepts_send_field(…)``."""
-        return self._leader_capabilities
+        return self._connection.leader_capabilities
 
     @property
     def connected(self) -> bool:
-        conn = self._conn
-        return conn is not None and not conn.lost and not conn.ws.closed
+        return self._connection.connected
 
     @property
     def registered(self) -> bool:
-        conn = self._conn
-        return conn is not None and conn.registered and not conn.lost
+        return self._connection.registered
 
     @property
     def superseded(self) -> bool:
-        return isinstance(self._fatal, FollowerSuperseded)
+        return isinstance(self._connection.failure, FollowerSuperseded)
 
     @property
     def failure(self) -> FollowerError | None:
         """The terminal error (superseded or refused), if any."""
-        return self._fatal
+        return self._connection.failure
+
+    # ---- files --------------------------------------------------------------------------------
 
     async def download_to(self, file_id: str, path: str | os.PathLike[str], *, size: int | None = None,
                           max_bytes: int = DOWNLOAD_LIMIT) -> str:
@@ -259,7 +238,7 @@ class FollowerClient(BusConnection):
         stalled for 60 s, the body ended short of ``size`` or ran past it, it is over ``max_bytes``
         (``too_large`` is then True), or it could not be written. Nothing is left behind then: no
         partial file, no temporary file. :class:`FollowerClosed` when the client is not started."""
-        async with self._file_response(file_id) as resp:
+        async with self._connection.open_file(file_id) as resp:
             return await write_new_file(checked_chunks(resp, size=size, max_bytes=max_bytes), os.fspath(path))
 
     async def download_document(self, file_id: str, max_bytes: int = DOWNLOAD_LIMIT, *,
@@ -273,78 +252,43 @@ class FollowerClient(BusConnection):
         ``too_large``); no partial bytes are ever returned. :class:`FollowerClosed` when the client
         is not started."""
         data = bytearray()
-        async with self._file_response(file_id) as resp, \
+        async with self._connection.open_file(file_id) as resp, \
                 contextlib.aclosing(checked_chunks(resp, size=size, max_bytes=max_bytes)) as chunks:
             async for chunk in chunks:
                 data += chunk
         return bytes(data)
 
-    @contextlib.asynccontextmanager
-    async def _file_response(self, file_id: str) -> AsyncIterator[aiohttp.ClientResponse]:
-        """``GET /v1/files/<fileId>`` with the secret; transport and file errors inside become
-        :class:`FollowerDownloadError`."""
-        if self._session is None:
-            raise FollowerClosed("the follower client is not started")
-        parts = urlsplit(self._url)
-        scheme = "https" if parts.scheme == "wss" else "http"
-        url = urlunsplit((scheme, parts.netloc, f"{FILES_PATH}/{quote(file_id, safe='')}", "", ""))
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._request_timeout,
-                                        sock_read=max(self._request_timeout, DOWNLOAD_STALL_S))
-        try:
-            async with self._session.get(url, headers={"Authorization": f"Bearer {self._secret}"},
-                                         timeout=timeout) as resp:
-                yield resp
-        except FollowerDownloadError:
-            raise
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise FollowerDownloadError(f"the download failed: {type(exc).__name__}: {exc}") from None
-
     # ---- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start the background connection; returns at once."""
-        if self._started:
+        if self._connection.started:
             return
         if self._close_started:
             raise FollowerClosed("the follower client is closed")
-        self._started = True
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self._tls) if self._tls is not None else None,
-            timeout=aiohttp.ClientTimeout(total=None, connect=self._request_timeout, sock_connect=self._request_timeout)
-        )
-        self._receiver_tasks = self._receiver.start(self._instance_id)
-        self._main_task = asyncio.create_task(self._run(), name=f"follower-connection:{self._instance_id}")
+        self._receiver.start(self.instance_id)
+        self._connection.start()
 
     async def wait_registered(self, timeout: float | None = None) -> Assignment:
         """Wait until the follower is registered (now); raise the terminal error if there is one."""
         async with asyncio.timeout(timeout):
-            conn = await self._wait_for_registration(0)
-        assert self._assignment is not None and conn.registered
-        return self._assignment
+            link = await self._connection.registered_link()
+        assignment = self._connection.assignment
+        assert assignment is not None and link.registered
+        return assignment
 
     async def wait_failure(self) -> FollowerError:
         """Wait until the client fails for good (superseded or refused) and return that error.
 
         Raises :class:`FollowerClosed` when the client is closed without such a failure.
         """
-        while True:
-            changed = self._changed
-            if self._fatal is not None:
-                return self._fatal
-            if self._stopping or self._closed.is_set():
-                raise FollowerClosed("the follower client is closed")
-            await changed.wait()
+        return await self._connection.wait_failure()
 
     async def wait_stopped(self, timeout: float | None = None) -> None:
         """Wait until the connection to the leader has ended for good, after :meth:`close` or a
         terminal failure: from then on the client opens no socket and sends nothing.
         Raises ``TimeoutError`` when it is still running after ``timeout`` seconds."""
-        task = self._main_task
-        if task is None:
-            return  # never started
-        done, _ = await asyncio.wait({task}, timeout=timeout)
-        if not done:
-            raise TimeoutError("the follower client is still running")
+        await self._connection.wait_stopped(timeout)
 
     async def close(self) -> None:
         """Disconnect gracefully (best effort, bounded), stop every task, close the socket. Idempotent."""
@@ -354,40 +298,22 @@ class FollowerClient(BusConnection):
         self._close_started = True
         locked = False
         try:
-            if self._started and self._fatal is None:
+            if self._connection.started and self._connection.failure is None:
                 # Let a send that is in flight finish first (bounded), so no output is cut off.
                 try:
-                    async with asyncio.timeout(self._request_timeout):
+                    async with asyncio.timeout(self._connection.timing.request_timeout_s):
                         await self._send_lock.acquire()
                     locked = True
                 except TimeoutError:
                     logger.warning("follower: closing with a send still unacknowledged")
-            self._stopping = True
-            self._notify()
-            conn = self._conn
-            if conn is not None:
-                conn.wake.set()
-            if conn is not None and conn.registered and self._fatal is None:
-                await self._disconnect(conn)
+            await self._connection.disconnect()
         finally:
-            self._stopping = True
-            self._notify()
-            tasks = [t for t in (self._main_task, *self._receiver_tasks) if t is not None]
-            for task in tasks:
-                task.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                    logger.opt(exception=result).error("follower: background task failed")
-            conn = self._conn
-            if conn is not None:
-                await self._close_ws(conn)
-            if self._session is not None:
-                await self._session.close()
+            self._connection.stop()
+            await self._receiver.close()
+            await self._connection.close()
             if locked:
                 self._send_lock.release()
             self._closed.set()
-            self._notify()
 
     async def __aenter__(self) -> FollowerClient:
         await self.start()
@@ -455,21 +381,22 @@ class FollowerClient(BusConnection):
 
     async def _send_locked(self, message: dict[str, Any]) -> int:
         """One ``follower.send`` until acknowledged (caller holds the send lock); the outbox id."""
-        self._check_usable()
-        request_id = self._next_request_id()
+        connection = self._connection
+        connection.check_usable()
+        request_id = connection.next_request_id()
         min_serial = 0
-        backoff = self._new_backoff()
+        backoff = connection.new_backoff()
         maybe_stored = False  # an attempt whose answer we never saw may have been stored
         full_since: float | None = None  # the leader answered backlog-full (backpressure) since then
         while True:
-            conn = await self._wait_for_registration(min_serial)
-            _check_leader_accepts(conn.leader, message)  # per registration: a leader may be replaced
-            frame = send_frame(request_id, self._instance_id, conn.generation, message)
+            link = await connection.registered_link(min_serial)
+            _check_leader_accepts(link.leader, message)  # per registration: a leader may be replaced
+            frame = send_frame(request_id, connection.instance_id, link.generation, message)
             try:
-                reply = await self._request(conn, frame)
-            except _ConnectionLost:
+                reply = await connection.request(link, frame)
+            except ConnectionLost:
                 maybe_stored = True
-                min_serial = conn.serial + 1
+                min_serial = link.serial + 1
                 continue
             except TimeoutError:
                 maybe_stored = True
@@ -479,10 +406,10 @@ class FollowerClient(BusConnection):
                 result = reply.result_as(SendResult)
                 return result.outbox_id if result is not None and result.outbox_id is not None else -1
             code, text = reply.error_code, reply.error_message
-            if code in _REREGISTER_CODES:
+            if code in REREGISTER_CODES:
                 logger.info("follower: send {} refused with {}; re-registering", request_id, code)
-                self._request_reregister(conn)
-                min_serial = conn.serial + 1
+                connection.reregister(link)
+                min_serial = link.serial + 1
                 continue
             if code in _PERMANENT_SEND_CODES:
                 raise FollowerSendError(code, text)
@@ -500,7 +427,7 @@ class FollowerClient(BusConnection):
                 if maybe_stored:
                     raise FollowerSendError(code, text)
                 # Every earlier attempt of this id was refused, so none was stored: a new id is safe.
-                request_id = self._next_request_id()
+                request_id = connection.next_request_id()
                 continue
             delay = backoff.next()
             logger.warning("follower: send {} failed with {}; retrying in {:.2f}s", request_id, code, delay)
@@ -517,21 +444,12 @@ class FollowerClient(BusConnection):
     def redeliver(self) -> None:
         """Ask the leader for every item not acknowledged yet (for example after declining some): the
         client registers again, and the leader hands over, in order, what it still holds."""
-        conn = self._conn
-        if conn is not None:
-            self._request_reregister(conn)
-
-    def _on_deliver(self, conn: _Conn, frame: Deliver) -> None:
-        self._receiver.push(conn, frame)
-
-
-# --------------------------------------------------------------------------------------------
-# Send checks
-# --------------------------------------------------------------------------------------------
+        self._connection.reregister()
 
 
 def _check_leader_accepts(leader: Capabilities, message: dict[str, Any]) -> None:
-    """Refuse, before sending, a message field the leader would silently drop (docs/protocol.md, "Capabilities")."""
+    """Refuse, before sending, a message field the leader would silently drop (docs/protocol.md,
+    "Capabilities")."""
     unsupported = leader.unsupported_send_fields(message)
     if unsupported:
         needs = ", ".join(f"{f} ({SEND_FIELD_CAPABILITIES.get(f, 'no capability')})" for f in unsupported)

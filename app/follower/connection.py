@@ -1,31 +1,46 @@
-"""The follower's link to the leader: one WebSocket at a time, registration, heartbeats, requests.
+"""The follower's link to the leader: one WebSocket at a time, registration, heartbeats, requests, files.
 
-:class:`BusConnection` is the connection half of :class:`~topicbus.follower.client.FollowerClient`
-(which extends it with the public API, sends and deliveries). It connects with the bus secret
-(``Authorization: Bearer``), registers with a fresh ``registrationGeneration`` on every
-(re)registration and always the same ``instanceId`` and workspace identity, heartbeats, re-registers
-when the leader answers ``unknown-instance`` or ``stale-generation`` (a heartbeat not answered in
-time declares the socket dead), reconnects with backoff, and matches acks to requests. Frames the
-leader pushes are handed to :meth:`BusConnection._on_deliver` (deliveries) or end the client
-(``leader.superseded``). The secret is never logged.
+:class:`BusConnection` is owned by :class:`~topicbus.follower.client.FollowerClient` (the public
+API: sends, deliveries, lifecycle), which uses only its public methods. It connects with the bus
+secret (``Authorization: Bearer``), registers with a fresh ``registrationGeneration`` on every
+(re)registration and always the same :class:`RegistrationIdentity`, heartbeats, re-registers when
+the leader answers ``unknown-instance`` or ``stale-generation`` (a heartbeat not answered in time
+declares the socket dead), reconnects with backoff, and matches acks to requests. Frames the leader
+pushes go to its ``on_deliver`` callback (deliveries, each with the receipt to send once it is
+taken) or end the connection for good (``leader.superseded``). It also fetches an owner's file over
+HTTP with the same secret (:meth:`BusConnection.open_file`). The secret is never logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import ssl
 import time
 import uuid
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp
 from loguru import logger
 
+from topicbus.follower.download import DOWNLOAD_STALL_S
 from topicbus.follower.identity import liveness_identity, register_secret
-from topicbus.follower.model import Assignment, FollowerClosed, FollowerError, FollowerRefused, FollowerSuperseded
+from topicbus.follower.model import (
+    Assignment,
+    FollowerClosed,
+    FollowerDownloadError,
+    FollowerError,
+    FollowerRefused,
+    FollowerSuperseded,
+)
+from topicbus.follower.receiving import Acknowledge
 from topicbus.logsetup import RepeatedWarning
 from topicbus.protocol import (
+    FILES_PATH,
     MAX_FRAME_BYTES,
     Ack,
     Capabilities,
@@ -45,19 +60,54 @@ from topicbus.protocol import (
 )
 from topicbus.retry import Backoff
 
-_REREGISTER_CODES = frozenset({ErrorCode.UNKNOWN_INSTANCE.value, ErrorCode.STALE_GENERATION.value})
-_PERMANENT_SEND_CODES = frozenset({ErrorCode.FOREIGN_TARGET.value, ErrorCode.INVALID_ENVELOPE.value})
+#: Answers that mean "register again, then ask again" (the registration this request named is gone).
+REREGISTER_CODES = frozenset({ErrorCode.UNKNOWN_INSTANCE.value, ErrorCode.STALE_GENERATION.value})
+
+#: A delivery handed over: the frame, and the receipt to send once the item is taken.
+DeliveryCallback = Callable[[Deliver, Acknowledge], None]
 
 
-class _ConnectionLost(Exception):
-    """Internal: the socket a request was sent on is gone; the answer will never come."""
+def new_instance_id(pid: int) -> str:
+    """A fresh ``instanceId``: pid:ms plus a random part (two clients created in one process and
+    millisecond must differ)."""
+    return f"{pid}:{time.time_ns() // 1_000_000}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class RegistrationIdentity:
+    """What a follower registers as, every time: its instance, its process, its workspace identity
+    (``cwd``, ``session_id``, ``name``, ``thread_name``), its build and what it receives."""
+
+    instance_id: str
+    pid: int
+    cwd: str | None
+    session_id: str | None
+    name: str | None
+    thread_name: str | None
+    capabilities: Capabilities
+    build: str
+
+
+@dataclass(frozen=True)
+class ConnectionTiming:
+    """How long and how often the connection waits, in seconds."""
+
+    heartbeat_interval_s: float  # between heartbeats
+    request_timeout_s: float  # for an ack, and to connect
+    backoff_initial_s: float  # before reconnecting or registering again, growing…
+    backoff_max_s: float  # …up to this
+    warning_interval_s: float  # between two "cannot reach the leader" warnings
+
+
+class ConnectionLost(Exception):
+    """The socket a request was sent on is gone; the answer will never come."""
 
 
 _LOST: Any = object()  # resolves the pending futures of a dead connection
 
 
-class _Conn:
-    """One WebSocket and the registration living on it."""
+class Link:
+    """One WebSocket and the registration living on it (a request is bound to its generation)."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse):
         self.ws = ws
@@ -65,7 +115,7 @@ class _Conn:
         self.generation: str | None = None
         self.leader = Capabilities()  # what the leader advertised when it acknowledged the registration
         self.registered = False
-        self.serial = 0  # the client's registration serial of the live registration
+        self.serial = 0  # the connection's registration serial of the live registration
         self.lost = False
         self.reregister = False
         self.wake = asyncio.Event()  # heartbeat loop: lost, re-register requested, or stopping
@@ -79,145 +129,173 @@ class _Conn:
             if not fut.done():
                 fut.set_result(_LOST)
 
+
 class BusConnection:
     """One follower identity's connection to the leader (see the module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        leader_url: str,
-        secret: str,
-        capabilities: Capabilities,
-        cwd: str | None,
-        session_id: str | None,
-        name: str | None,
-        thread_name: str | None,
-        pid: int,
-        instance_id: str | None,
-        heartbeat_interval_s: float,
-        request_timeout_s: float,
-        backoff_initial_s: float,
-        backoff_max_s: float,
-        build: str,
-        warning_interval_s: float = 60.0,
-    ):
+    def __init__(self, *, leader_url: str, secret: str, identity: RegistrationIdentity, timing: ConnectionTiming,
+                 on_deliver: DeliveryCallback, tls: ssl.SSLContext | None = None):
         self._url = leader_url
         self._secret = secret
-        self._cwd = cwd
-        self._session_id = session_id
-        self._name = name
-        self._thread_name = thread_name
-        self._pid = pid
-        # pid:ms plus a random part: two clients created in one process and millisecond must differ.
-        self._instance_id = instance_id or f"{pid}:{time.time_ns() // 1_000_000}:{uuid.uuid4().hex[:6]}"
-        self._heartbeat_interval = heartbeat_interval_s
-        self._request_timeout = request_timeout_s
-        self._backoff_initial = backoff_initial_s
-        self._backoff_max = max(backoff_max_s, backoff_initial_s)
-        self._new_backoff()  # a ValueError for impossible settings now, not in a background task
-        self._unreachable_warning = RepeatedWarning(warning_interval_s)  # "cannot reach the leader"
-        self._capabilities = capabilities
-        self._protocol = follower_identity(build, capabilities)
-        self._host_id, self._birth_id = liveness_identity(pid)
+        self.identity = identity
+        self.timing = timing
+        self._backoff_max = max(timing.backoff_max_s, timing.backoff_initial_s)
+        self.new_backoff()  # a ValueError for impossible settings now, not in a background task
+        self._unreachable_warning = RepeatedWarning(timing.warning_interval_s)  # "cannot reach the leader"
+        self._protocol = follower_identity(identity.build, identity.capabilities)
+        self._host_id, self._birth_id = liveness_identity(identity.pid)
         register_secret(secret)
+        self._on_deliver = on_deliver
+        self._tls = tls
 
         self._sequence = 0
         self._reg_serial = 0
         self._assignment: Assignment | None = None
         self._leader_capabilities = Capabilities()
-        self._conn: _Conn | None = None
+        self._link: Link | None = None
         self._fatal: FollowerError | None = None
         self._started = False
         self._stopping = False  # no new registrations, sends or reconnects
         self._changed = asyncio.Event()  # replaced on every state change (see _notify)
         self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
 
-    def _on_deliver(self, conn: _Conn, frame: Deliver) -> None:
-        """A ``leader.deliver`` arrived on ``conn`` (the client queues it for its callbacks)."""
-        raise NotImplementedError
+    # ---- state --------------------------------------------------------------------------------
 
-    # ---- internals: state ---------------------------------------------------------------------
+    @property
+    def instance_id(self) -> str:
+        return self.identity.instance_id
 
-    def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+    @property
+    def assignment(self) -> Assignment | None:
+        """The last assignment the leader acknowledged (kept across reconnects)."""
+        return self._assignment
 
-    def _check_usable(self) -> None:
+    @property
+    def leader_capabilities(self) -> Capabilities:
+        """What the leader advertised in its last registration answer (empty before the first)."""
+        return self._leader_capabilities
+
+    @property
+    def connected(self) -> bool:
+        link = self._link
+        return link is not None and not link.lost and not link.ws.closed
+
+    @property
+    def registered(self) -> bool:
+        link = self._link
+        return link is not None and link.registered and not link.lost
+
+    @property
+    def failure(self) -> FollowerError | None:
+        """The terminal error (superseded or refused), if any."""
+        return self._fatal
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def stopping(self) -> bool:
+        """Closing or failed for good: nothing new is registered, sent or reconnected."""
+        return self._stopping
+
+    def check_usable(self) -> None:
+        """Raise the terminal error, or :class:`FollowerClosed` when closed or not started."""
         if self._fatal is not None:
             raise self._fatal
         if self._stopping or not self._started:
             raise FollowerClosed("the follower client is closed" if self._stopping else "the follower client is not started")
 
-    async def _wait_for_registration(self, min_serial: int) -> _Conn:
+    async def registered_link(self, min_serial: int = 0) -> Link:
+        """The live registration, once there is one at least as new as ``min_serial`` (raises as
+        :meth:`check_usable` when the connection cannot register any more)."""
         while True:
             changed = self._changed
-            self._check_usable()
-            conn = self._conn
-            if conn is not None and conn.registered and not conn.lost and conn.serial >= min_serial:
-                return conn
+            self.check_usable()
+            link = self._link
+            if link is not None and link.registered and not link.lost and link.serial >= min_serial:
+                return link
             await changed.wait()
+
+    async def wait_failure(self) -> FollowerError:
+        """The terminal error, once there is one; :class:`FollowerClosed` when stopped without one."""
+        while True:
+            changed = self._changed
+            if self._fatal is not None:
+                return self._fatal
+            if self._stopping:
+                raise FollowerClosed("the follower client is closed")
+            await changed.wait()
+
+    async def wait_stopped(self, timeout: float | None = None) -> None:
+        """Wait until the connection loop has ended (``TimeoutError`` after ``timeout`` seconds)."""
+        task = self._task
+        if task is None:
+            return  # never started
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            raise TimeoutError("the follower client is still running")
+
+    def new_backoff(self) -> Backoff:
+        return Backoff(self.timing.backoff_initial_s, self._backoff_max, jitter=True)
+
+    def next_request_id(self) -> str:
+        self._sequence += 1
+        return f"{self.instance_id}:{self._sequence}"
+
+    def reregister(self, link: Link | None = None) -> None:
+        """Register again on ``link`` (by default the live one); the leader then hands over, in
+        order, every item not acknowledged yet."""
+        link = self._link if link is None else link
+        if link is not None and link.registered and not link.lost:
+            link.reregister = True
+            link.wake.set()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def _fail(self, error: FollowerError) -> None:
         if self._fatal is None:
             self._fatal = error
         self._stopping = True
-        conn = self._conn
-        if conn is not None:
-            conn.registered = False
-            conn.wake.set()
+        link = self._link
+        if link is not None:
+            link.registered = False
+            link.wake.set()
         self._notify()
 
-    def _new_backoff(self) -> Backoff:
-        return Backoff(self._backoff_initial, self._backoff_max, jitter=True)
+    # ---- lifecycle ----------------------------------------------------------------------------
 
-    def _next_request_id(self) -> str:
-        self._sequence += 1
-        return f"{self._instance_id}:{self._sequence}"
+    def start(self) -> None:
+        """Open the HTTP session and start the connection loop in the background."""
+        self._started = True
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self._tls) if self._tls is not None else None,
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.timing.request_timeout_s,
+                                          sock_connect=self.timing.request_timeout_s)
+        )
+        self._task = asyncio.create_task(self._run(), name=f"follower-connection:{self.instance_id}")
 
-    def _request_reregister(self, conn: _Conn) -> None:
-        if conn.registered and not conn.lost:
-            conn.reregister = True
-            conn.wake.set()
+    def stop(self) -> None:
+        """From now on nothing new is registered, sent or reconnected (the socket stays open)."""
+        self._stopping = True
+        self._notify()
+        link = self._link
+        if link is not None:
+            link.wake.set()
 
-    # ---- internals: requests ------------------------------------------------------------------
-
-    async def _request(self, conn: _Conn, frame: dict[str, Any], timeout: float | None = None) -> Ack:
-        """Send one request on ``conn`` and wait for its ack (``TimeoutError`` / ``_ConnectionLost``)."""
-        if conn.lost or conn.ws.closed:
-            raise _ConnectionLost()
-        request_id = frame["requestId"]
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        conn.pending[request_id] = fut
+    async def disconnect(self) -> None:
+        """:meth:`stop`, then tell the leader goodbye (bounded) if registered and not failed."""
+        self.stop()
+        link = self._link
+        if link is None or not link.registered or self._fatal is not None:
+            return
+        frame = disconnect_frame(self.next_request_id(), self.instance_id, link.generation)
         try:
-            try:
-                await conn.ws.send_str(encode(frame))
-            except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
-                raise _ConnectionLost() from exc
-            async with asyncio.timeout(self._request_timeout if timeout is None else timeout):
-                reply = await fut
-        finally:
-            if conn.pending.get(request_id) is fut:
-                del conn.pending[request_id]
-        if reply is _LOST:
-            raise _ConnectionLost()
-        return reply
-
-    async def _answer_or_none(self, conn: _Conn, frame: dict[str, Any], what: str) -> Ack | None:
-        """:meth:`_request` for the connection loop: None when the connection is lost or the leader
-        did not answer in time (said once, as ``what``); the caller then reconnects."""
-        try:
-            return await self._request(conn, frame)
-        except _ConnectionLost:
-            return None
-        except TimeoutError:
-            logger.warning("follower: {} not acknowledged in time; reconnecting", what)
-            return None
-
-    async def _disconnect(self, conn: _Conn) -> None:
-        frame = disconnect_frame(self._next_request_id(), self._instance_id, conn.generation)
-        try:
-            reply = await self._request(conn, frame)
-        except (TimeoutError, _ConnectionLost):
+            reply = await self.request(link, frame)
+        except (TimeoutError, ConnectionLost):
             logger.warning("follower: graceful disconnect not acknowledged")
             return
         if reply.ok:
@@ -225,10 +303,88 @@ class BusConnection:
         else:
             logger.warning("follower: disconnect refused ({})", reply.error_code)
 
-    # ---- internals: connection loop -----------------------------------------------------------
+    async def close(self) -> None:
+        """:meth:`stop`, end the connection loop, close the socket and the HTTP session."""
+        self.stop()
+        task = self._task
+        if task is not None:
+            task.cancel()
+            (result,) = await asyncio.gather(task, return_exceptions=True)
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                logger.opt(exception=result).error("follower: background task failed")
+        link = self._link
+        if link is not None:
+            await self._close_ws(link)
+        if self._session is not None:
+            await self._session.close()
+        self._notify()
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    async def request(self, link: Link, frame: dict[str, Any], timeout: float | None = None) -> Ack:
+        """Send one request on ``link`` and wait for its ack (``TimeoutError`` / :class:`ConnectionLost`)."""
+        if link.lost or link.ws.closed:
+            raise ConnectionLost()
+        request_id = frame["requestId"]
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        link.pending[request_id] = fut
+        try:
+            try:
+                await link.ws.send_str(encode(frame))
+            except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+                raise ConnectionLost() from exc
+            async with asyncio.timeout(self.timing.request_timeout_s if timeout is None else timeout):
+                reply = await fut
+        finally:
+            if link.pending.get(request_id) is fut:
+                del link.pending[request_id]
+        if reply is _LOST:
+            raise ConnectionLost()
+        return reply
+
+    async def send_receipt(self, link: Link, delivery_id: str) -> None:
+        """``bus.ack`` of a delivery, on the socket it came on (if that one is gone, the leader
+        redelivers after the reconnect and the duplicate is acknowledged then)."""
+        if link.lost or link.ws.closed:
+            return
+        with contextlib.suppress(aiohttp.ClientError, ConnectionError, RuntimeError):
+            await link.ws.send_str(encode(receipt_frame(delivery_id)))
+
+    @contextlib.asynccontextmanager
+    async def open_file(self, file_id: str) -> AsyncIterator[aiohttp.ClientResponse]:
+        """``GET /v1/files/<fileId>`` with the secret; transport and file errors inside become
+        :class:`FollowerDownloadError`."""
+        if self._session is None:
+            raise FollowerClosed("the follower client is not started")
+        parts = urlsplit(self._url)
+        scheme = "https" if parts.scheme == "wss" else "http"
+        url = urlunsplit((scheme, parts.netloc, f"{FILES_PATH}/{quote(file_id, safe='')}", "", ""))
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timing.request_timeout_s,
+                                        sock_read=max(self.timing.request_timeout_s, DOWNLOAD_STALL_S))
+        try:
+            async with self._session.get(url, headers={"Authorization": f"Bearer {self._secret}"},
+                                         timeout=timeout) as resp:
+                yield resp
+        except FollowerDownloadError:
+            raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise FollowerDownloadError(f"the download failed: {type(exc).__name__}: {exc}") from None
+
+    async def _answer_or_none(self, link: Link, frame: dict[str, Any], what: str) -> Ack | None:
+        """:meth:`request` for the connection loop: None when the connection is lost or the leader
+        did not answer in time (said once, as ``what``); the caller then reconnects."""
+        try:
+            return await self.request(link, frame)
+        except ConnectionLost:
+            return None
+        except TimeoutError:
+            logger.warning("follower: {} not acknowledged in time; reconnecting", what)
+            return None
+
+    # ---- the connection loop ------------------------------------------------------------------
 
     async def _run(self) -> None:
-        backoff = self._new_backoff()
+        backoff = self.new_backoff()
         while not self._stopping:
             registered = False
             try:
@@ -271,78 +427,79 @@ class BusConnection:
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
         assert self._session is not None
-        async with asyncio.timeout(self._request_timeout):
+        async with asyncio.timeout(self.timing.request_timeout_s):
             return await self._session.ws_connect(
                 self._url,
                 headers={"Authorization": f"Bearer {self._secret}"},
                 heartbeat=None,
                 max_msg_size=MAX_FRAME_BYTES,
-                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=min(self._request_timeout, 2.0)),
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=min(self.timing.request_timeout_s, 2.0)),
             )
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
         """Register and heartbeat on one socket until it dies; True if it was ever registered."""
-        conn = _Conn(ws)
-        self._conn = conn
+        link = Link(ws)
+        self._link = link
         self._notify()
-        reader = asyncio.create_task(self._reader(conn), name=f"follower-reader:{self._instance_id}")
+        reader = asyncio.create_task(self._reader(link), name=f"follower-reader:{self.instance_id}")
         registered_once = False
         try:
             while not self._stopping:
-                if not await self._register(conn):
+                if not await self._register(link):
                     break
                 registered_once = True
-                if not await self._heartbeat(conn):
+                if not await self._heartbeat(link):
                     break
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-            conn.mark_lost()
-            await self._close_ws(conn)
-            if self._conn is conn:
-                self._conn = None
+            link.mark_lost()
+            await self._close_ws(link)
+            if self._link is link:
+                self._link = None
             self._notify()
         return registered_once
 
-    async def _close_ws(self, conn: _Conn) -> None:
-        if conn.ws.closed:
+    async def _close_ws(self, link: Link) -> None:
+        if link.ws.closed:
             return
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(min(self._request_timeout, 2.0)):
-                await conn.ws.close()
+            async with asyncio.timeout(min(self.timing.request_timeout_s, 2.0)):
+                await link.ws.close()
 
-    async def _register(self, conn: _Conn) -> bool:
-        """Register on ``conn`` (retrying refusals with backoff); False when the socket is done."""
-        backoff = self._new_backoff()
+    async def _register(self, link: Link) -> bool:
+        """Register on ``link`` (retrying refusals with backoff); False when the socket is done."""
+        backoff = self.new_backoff()
+        identity = self.identity
         while True:
-            if self._stopping or conn.lost:
+            if self._stopping or link.lost:
                 return False
-            conn.reregister = False
-            conn.wake.clear()  # from here on only a lost socket or stopping sets it
+            link.reregister = False
+            link.wake.clear()  # from here on only a lost socket or stopping sets it
             generation = uuid.uuid4().hex
             frame = register_frame(
-                self._next_request_id(), self._instance_id, generation, protocol=self._protocol, pid=self._pid,
-                process_birth_id=self._birth_id, host_id=self._host_id, cwd=self._cwd,
-                session_id=self._session_id, name=self._name, thread_name=self._thread_name,
+                self.next_request_id(), identity.instance_id, generation, protocol=self._protocol, pid=identity.pid,
+                process_birth_id=self._birth_id, host_id=self._host_id, cwd=identity.cwd,
+                session_id=identity.session_id, name=identity.name, thread_name=identity.thread_name,
             )
-            reply = await self._answer_or_none(conn, frame, "registration")
+            reply = await self._answer_or_none(link, frame, "registration")
             if reply is None:
                 return False
             result = reply.result_as(RegistrationResult) if reply.ok else None
             if result is not None:
-                if self._stopping or conn.lost:
+                if self._stopping or link.lost:
                     return False
                 assignment = Assignment(**result.model_dump())
                 self._reg_serial += 1
                 self._assignment = assignment
-                conn.leader = Capabilities.of(reply.protocol.capabilities if reply.protocol else ())
-                self._leader_capabilities = conn.leader
-                conn.generation = generation
-                conn.serial = self._reg_serial
-                conn.reregister = False
-                conn.wake.clear()
-                conn.registered = True
+                link.leader = Capabilities.of(reply.protocol.capabilities if reply.protocol else ())
+                self._leader_capabilities = link.leader
+                link.generation = generation
+                link.serial = self._reg_serial
+                link.reregister = False
+                link.wake.clear()
+                link.registered = True
                 self._notify()
                 logger.info("follower: registered in slot {} (thread {})", assignment.slot, assignment.thread_id)
                 return True
@@ -358,29 +515,29 @@ class BusConnection:
             logger.warning("follower: registration refused ({}: {}); retrying in {:.2f}s", code, text, delay)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
-                    await conn.wake.wait()  # only a lost socket or stopping ends the wait early
+                    await link.wake.wait()  # only a lost socket or stopping ends the wait early
 
-    async def _heartbeat(self, conn: _Conn) -> bool:
+    async def _heartbeat(self, link: Link) -> bool:
         """Heartbeat until re-registration is needed (True) or the socket is done (False)."""
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._heartbeat_interval):
-                    await conn.wake.wait()
-            if conn.lost:
+                async with asyncio.timeout(self.timing.heartbeat_interval_s):
+                    await link.wake.wait()
+            if link.lost:
                 return False
             if self._stopping:
-                # close() is disconnecting on this socket: neither heartbeat nor re-register.
-                conn.wake.clear()
-                while not conn.lost:
-                    await conn.wake.wait()
-                    conn.wake.clear()
+                # The client is disconnecting on this socket: neither heartbeat nor re-register.
+                link.wake.clear()
+                while not link.lost:
+                    await link.wake.wait()
+                    link.wake.clear()
                 return False
-            if conn.reregister:
-                conn.registered = False
+            if link.reregister:
+                link.registered = False
                 self._notify()
                 return True
-            frame = heartbeat_frame(self._next_request_id(), self._instance_id, conn.generation)
-            reply = await self._answer_or_none(conn, frame, "heartbeat")
+            frame = heartbeat_frame(self.next_request_id(), self.instance_id, link.generation)
+            reply = await self._answer_or_none(link, frame, "heartbeat")
             if reply is None:
                 return False
             if reply.ok:
@@ -390,25 +547,25 @@ class BusConnection:
                     self._assignment = replace(self._assignment, display_title=title)
                 continue
             code = reply.error_code
-            if code in _REREGISTER_CODES:
+            if code in REREGISTER_CODES:
                 if self._stopping:
                     continue
                 logger.info("follower: heartbeat answered {}; registering again", code)
-                conn.registered = False
+                link.registered = False
                 self._notify()
                 return True
             logger.warning("follower: heartbeat refused ({})", code)
 
-    # ---- internals: incoming frames -----------------------------------------------------------
+    # ---- incoming frames ----------------------------------------------------------------------
 
-    async def _reader(self, conn: _Conn) -> None:
+    async def _reader(self, link: Link) -> None:
         try:
-            async for msg in conn.ws:
+            async for msg in link.ws:
                 if msg.type == aiohttp.WSMsgType.TEXT:
-                    if not self._on_frame(conn, msg.data):
+                    if not self._on_frame(link, msg.data):
                         break
                 elif msg.type == aiohttp.WSMsgType.ERROR:
-                    logger.info("follower: socket error ({})", type(conn.ws.exception()).__name__)
+                    logger.info("follower: socket error ({})", type(link.ws.exception()).__name__)
                     break
                 else:
                     logger.warning("follower: ignoring a non-text frame from the leader")
@@ -417,10 +574,10 @@ class BusConnection:
         except Exception as exc:
             logger.info("follower: socket failed ({})", type(exc).__name__)
         finally:
-            conn.mark_lost()
+            link.mark_lost()
             self._notify()
 
-    def _on_frame(self, conn: _Conn, data: str) -> bool:
+    def _on_frame(self, link: Link, data: str) -> bool:
         """Dispatch one frame; False when the socket must be abandoned."""
         try:
             frame = decode_leader_frame(data)
@@ -431,21 +588,14 @@ class BusConnection:
                 logger.warning("follower: ignoring a malformed frame from the leader: {}", exc.message)
             return True
         if isinstance(frame, Ack):
-            fut = conn.pending.get(frame.request_id)
+            fut = link.pending.get(frame.request_id)
             if fut is not None and not fut.done():
                 fut.set_result(frame)
             return True
         if isinstance(frame, Deliver):
-            self._on_deliver(conn, frame)
+            self._on_deliver(frame, functools.partial(self.send_receipt, link, frame.id))
             return True
         assert isinstance(frame, Superseded)
         logger.warning("follower: superseded by a newer registration ({})", frame.reason or "no reason")
         self._fail(FollowerSuperseded(frame.reason or "superseded"))
         return False
-
-    async def _receipt(self, conn: _Conn, delivery_id: str) -> None:
-        if conn.lost or conn.ws.closed:
-            return  # the leader redelivers after the reconnect; the duplicate is acknowledged then
-        with contextlib.suppress(aiohttp.ClientError, ConnectionError, RuntimeError):
-            await conn.ws.send_str(encode(receipt_frame(delivery_id)))
-

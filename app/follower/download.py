@@ -18,9 +18,10 @@ import aiohttp
 
 from topicbus.follower.model import FollowerDownloadError
 
-__all__ = ["CHUNK_BYTES", "DOWNLOAD_LIMIT", "checked_chunks", "place", "write_new_file"]
+__all__ = ["CHUNK_BYTES", "DOWNLOAD_LIMIT", "DOWNLOAD_STALL_S", "checked_chunks", "place", "write_new_file"]
 
 DOWNLOAD_LIMIT = 20 * 1024 * 1024  # Telegram lets bots download files up to 20 MB (getFile)
+DOWNLOAD_STALL_S = 60.0  # a file download that receives nothing for this long has failed
 CHUNK_BYTES = 64 * 1024
 MAX_SUFFIX = 10_000  # "<stem>-1<ext>" … before giving up on a directory full of one name
 PARTIAL_PREFIX = ".partial-"  # a download in progress: hidden, removed when it fails

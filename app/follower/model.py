@@ -1,27 +1,11 @@
 """The follower side's public data, errors and the text splitter (used by :class:`FollowerClient`
-and ``topicbus follow``)."""
+and ``topicbus follow``); the names follower authors use are listed once, in ``topicbus.__all__``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from topicbus.protocol import MAX_TEXT_CHARS
-
-__all__ = [
-    "Assignment",
-    "ButtonPress",
-    "Control",
-    "Delivery",
-    "DeliveryDeclined",
-    "Edit",
-    "FollowerClosed",
-    "FollowerDownloadError",
-    "FollowerError",
-    "FollowerRefused",
-    "FollowerSendError",
-    "FollowerSuperseded",
-    "split_text",
-]
 
 
 @dataclass(frozen=True)

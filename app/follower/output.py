@@ -321,10 +321,6 @@ class OutputBatcher:
         self._drop_causes: list[str] = []
 
     @property
-    def pending_chars(self) -> int:
-        return self._chars
-
-    @property
     def pending_bytes(self) -> int:
         return self._bytes
 

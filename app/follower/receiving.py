@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 from loguru import logger
 
@@ -27,6 +27,8 @@ __all__ = ["DELIVERY_MEMORY", "Receiver"]
 DELIVERY_MEMORY = 10_000
 
 Callback = Callable[[Any], Awaitable[None]]
+#: Sends a delivery's receipt (``bus.ack``) on the socket it came on.
+Acknowledge: TypeAlias = Callable[[], Awaitable[None]]
 
 
 class Receiver:
@@ -36,41 +38,52 @@ class Receiver:
                  on_control: Callable[[Control], Awaitable[None]] | None,
                  on_button: Callable[[ButtonPress], Awaitable[None]] | None,
                  on_edit: Callable[[Edit], Awaitable[None]] | None = None, media: bool = False,
-                 receipt: Callable[[Any, str], Awaitable[None]], stopping: Callable[[], bool]):
+                 stopping: Callable[[], bool]):
         self._on_delivery = on_delivery
         self._on_control = on_control
         self._on_button = on_button
         self._on_edit = on_edit
         self._media = media
-        self._receipt = receipt
         self._stopping = stopping
         self._receiving = True
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._ordered: asyncio.Queue[tuple[Any, Deliver]] = asyncio.Queue()
-        self._controls: asyncio.Queue[tuple[Any, Deliver]] = asyncio.Queue()
+        self._ordered: asyncio.Queue[tuple[Deliver, Acknowledge]] = asyncio.Queue()
+        self._controls: asyncio.Queue[tuple[Deliver, Acknowledge]] = asyncio.Queue()
+        self._workers: list[asyncio.Task[None]] = []
 
-    def start(self, name: str) -> list[asyncio.Task[None]]:
-        return [asyncio.create_task(self._worker(self._ordered), name=f"follower-deliveries:{name}"),
-                asyncio.create_task(self._worker(self._controls), name=f"follower-controls:{name}")]
+    def start(self, name: str) -> None:
+        """Start the two workers (messages, controls)."""
+        self._workers = [asyncio.create_task(self._worker(self._ordered), name=f"follower-deliveries:{name}"),
+                         asyncio.create_task(self._worker(self._controls), name=f"follower-controls:{name}")]
+
+    async def close(self) -> None:
+        """Stop the workers (a callback running is cancelled)."""
+        workers, self._workers = self._workers, []
+        for task in workers:
+            task.cancel()
+        for result in await asyncio.gather(*workers, return_exceptions=True):
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                logger.opt(exception=result).error("follower: background task failed")
 
     def stop(self) -> None:
         """Take nothing more: queued and later items stay unacknowledged (the leader keeps them)."""
         self._receiving = False
 
-    def push(self, conn: Any, frame: Deliver) -> None:
+    def push(self, frame: Deliver, acknowledge: Acknowledge) -> None:
+        """A delivery arrived; ``acknowledge`` sends its receipt once it is taken."""
         queue = self._controls if isinstance(frame.item, ControlItem) else self._ordered
-        queue.put_nowait((conn, frame))
+        queue.put_nowait((frame, acknowledge))
 
-    async def _worker(self, queue: asyncio.Queue[tuple[Any, Deliver]]) -> None:
+    async def _worker(self, queue: asyncio.Queue[tuple[Deliver, Acknowledge]]) -> None:
         """Hand the items of ``queue`` to their callback one at a time, in arrival order, then send receipts."""
         while True:
-            conn, frame = await queue.get()
+            frame, acknowledge = await queue.get()
             delivery_id = frame.id
             if self._stopping() or not self._receiving:
                 continue  # not acknowledged: the leader keeps it and redelivers
             if delivery_id in self._seen:
                 self._seen.move_to_end(delivery_id)
-                await self._receipt(conn, delivery_id)
+                await acknowledge()
                 continue
             handler, value = self._handler_of(frame)
             if value is None:
@@ -90,7 +103,7 @@ class Receiver:
             self._seen[delivery_id] = None
             while len(self._seen) > DELIVERY_MEMORY:
                 self._seen.popitem(last=False)
-            await self._receipt(conn, delivery_id)
+            await acknowledge()
 
     def _handler_of(self, frame: Deliver) -> tuple[Callback | None, Any]:
         """The callback for a delivery and its argument; ``(None, None)`` for a type not advertised."""

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from topicbus.follower.client import (
+from topicbus import (
     Assignment,
     Delivery,
     FollowerClient,

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from topicbus.follower.client import ButtonPress, Control, Delivery, DeliveryDeclined, Edit, FollowerClient
+from topicbus import ButtonPress, Control, Delivery, DeliveryDeclined, Edit, FollowerClient
 from topicbus.protocol import CAP_BUTTON, CAP_CONTROL
 from tests.fakeleader import FakeLeader
 from tests.support.waiting import wait_until
@@ -129,6 +129,8 @@ async def test_a_control_is_not_stuck_behind_a_message_that_waits(leader: FakeLe
         message = await leader.deliver("long job")
         control = await leader.control("kill")
         await wait_until(lambda: controls == ["kill"], timeout=5, message="the control while a message waits")
+        # The receipt follows the callback's return over the socket: wait for it, then check it is the only one.
+        await wait_until(lambda: receipt_ids(leader) != [], timeout=5, message="the control's receipt")
         assert receipt_ids(leader) == [control]
         release.set()
         await wait_until(lambda: message in receipt_ids(leader), timeout=5, message="the message's receipt")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakeleader import FakeLeader
-from topicbus.follower.client import FollowerClient, FollowerDownloadError
+from topicbus import FollowerClient, FollowerDownloadError
 
 KB = 1024
 

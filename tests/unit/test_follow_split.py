@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topicbus.follower.client import Delivery
-from topicbus.follower.follow import OutputBatcher, delivery_text, dropped_marker, exit_code_of, exit_notice, split_text
-from topicbus.follower.inputs import Received, context_line, delivery_input, edit_text
-from topicbus.follower.model import Edit
+from topicbus.follower.follow import exit_code_of, exit_notice
+from topicbus.follower.inputs import Received, context_line, delivery_input, delivery_text, edit_text
+from topicbus.follower.model import Delivery, Edit, split_text
+from topicbus.follower.output import OutputBatcher, dropped_marker
 
 
 def reassemble(text: str, chunks: list[str]) -> None:
