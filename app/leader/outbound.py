@@ -43,6 +43,7 @@ from topicbus.core.budget import BudgetConfig, ChatBudget, Priority
 from topicbus.core.formatting import Rendered
 from topicbus.core.output import EditScreen, Idle, OutputConfig, Ping, Single, Unbutton, Wait, plan
 from topicbus.core.press_answers import PressAnswerConfig, scheduler_share
+from topicbus.core.records import ChatActionMessage
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicKey, TopicOutput
 from topicbus.leader.term import LeaderTerm
@@ -333,7 +334,7 @@ class OutboundScheduler:
             return Priority.BACKGROUND, True
         items = step.items if hasattr(step, "items") else (step.item,)
         priority = min(i.priority for i in items)
-        spends = not (isinstance(step, Single) and step.item.kind == "chatAction")
+        spends = not (isinstance(step, Single) and step.item.kind == ChatActionMessage.type)
         return priority, spends
 
     # --- doing it -----------------------------------------------------------------------------------

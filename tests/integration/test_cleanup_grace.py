@@ -18,7 +18,7 @@ GRACE_S = 600.0
 
 async def say(env: LeaderEnv, instance_id: str, generation: str, text: str) -> None:
     frame = send_frame(f"{instance_id}:{uuid.uuid4().hex[:6]}", instance_id, generation, text_message(text))
-    await env.services.followers.send(decode_frame(encode(frame))[1])
+    await env.services.followers.send(decode_frame(encode(frame)))
 
 
 async def drained(env: LeaderEnv) -> None:
