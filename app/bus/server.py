@@ -45,10 +45,12 @@ from topicbus.bus.guard import ConnectionGuard, effective_max_connections
 from topicbus.bus.metrics import Snapshot
 from topicbus.bus.metrics import render as render_metrics
 from topicbus.core.records import HeartbeatResult, RegistrationResult, SendResult
+from topicbus.core.status import StatusReport
 from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, Disconnect, ErrorCode, FollowerRequest, Heartbeat,
                                ProtocolError, Receipt, Registration, SendRequest, ack, decode_frame, encode, error_ack,
                                leader_identity, request_id_of, wire_result)
 from topicbus.retry import sleep_or_stop
+from topicbus.status_json import status_document
 from topicbus.storage.db import AuthorityLost
 
 REPLAY_LEDGER_SIZE = 4096
@@ -163,7 +165,7 @@ class DownloadSlots:
 
 class BusServer:
     def __init__(self, *, host: str, port: int, secret: str | None,
-                 status: Callable[[], Awaitable[dict[str, Any]]], metrics: Callable[[], Snapshot],
+                 status: Callable[[], Awaitable[StatusReport]], metrics: Callable[[], Snapshot],
                  limits: BusLimits | None = None, ssl_context: ssl.SSLContext | None = None,
                  health: Callable[[], list[str]] | None = None):
         self._host = host
@@ -305,7 +307,7 @@ class BusServer:
     async def _status_handler(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return web.json_response({"error": "unauthorized"}, status=401)
-        return web.json_response(await self._status())
+        return web.json_response(status_document(await self._status()))
 
     def _refusal(self, request: web.Request) -> web.Response | None:
         """401 without the secret, 503 until the leader has published the bus; None when served."""

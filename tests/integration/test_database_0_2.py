@@ -43,8 +43,9 @@ async def test_a_0_2_database_keeps_its_topics_preferences_cleanups_and_queue(en
     assert env.calls("createForumTopic") == []  # the control topic was found, not made again
 
     snapshot = await services.status.snapshot()
-    assert snapshot["cleanupPolicy"] == "on" and snapshot["displayMode"] == "directory-title"
-    states = {b["title"]: (b["state"], b["queued"]) for b in snapshot["bindings"]}
+    assert snapshot.term is not None
+    assert snapshot.term.cleanup_policy == "on" and snapshot.term.display_mode == "directory-title"
+    states = {b.title: (b.state, b.queued) for b in snapshot.bindings}
     assert states == {"topicbus control": ("control", 0), "Shop": ("preserved", 3), "Api": ("ending", 0),
                       "Docs": ("live", 0)}  # restored from its owner row until it proves absent
     assert env.db is not None
