@@ -12,10 +12,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from topicbus.core.records import ControlItem, InboundItem
+
 __all__ = [
     "CAP_BUTTON", "CAP_BUTTONS", "CAP_CONTROL", "CAP_DELIVER", "CAP_DISPLAY_TITLE", "CAP_EDIT", "CAP_FORMAT",
     "CAP_MEDIA", "CAP_PHOTO", "CAP_SCREEN", "CAP_SCREEN_FRAMES", "CAP_SEND", "CAP_TAIL", "CAP_TRANSCRIPT", "CONTROL_ACTION_CAPABILITIES",
-    "DELIVERY_FIELD_CAPABILITIES", "SEND_TYPE_CAPABILITIES", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES",
+    "SEND_TYPE_CAPABILITIES", "DELIVERY_CAPABILITIES", "FOLLOWER_BASE_CAPABILITIES",
     "LEADER_CAPABILITIES", "LEADER_V1_CAPABILITIES",
     "MESSAGE_ITEM", "REQUIRED_FOLLOWER_CAPABILITIES", "SEND_BASE_FIELDS", "SEND_FIELD_CAPABILITIES",
     "UNSUPPORTED_BY_LEADER", "Capabilities", "may_deliver",
@@ -43,8 +45,6 @@ DELIVERY_CAPABILITIES: Mapping[str, str] = {
 #: ``control`` actions beyond version 1's (interrupt, kill, eof), each with the capability a follower
 #: advertises to take it (besides control-v1).
 CONTROL_ACTION_CAPABILITIES: Mapping[str, str] = {"screen": CAP_SCREEN}
-#: Delivery item fields beyond version 1's, each with the capability a follower advertises to get it.
-DELIVERY_FIELD_CAPABILITIES: Mapping[str, str] = {"transcribedFrom": CAP_TRANSCRIPT}
 SEND_BASE_FIELDS: Mapping[str, frozenset[str]] = {  # what every version 1 leader honours
     "text": frozenset({"type", "text"}),
     "chatAction": frozenset({"type", "action"}),
@@ -106,12 +106,6 @@ class Capabilities:
         needed = CONTROL_ACTION_CAPABILITIES.get(action)
         return needed is None or needed in self.names
 
-    def delivery_fields(self, item: Mapping[str, Any]) -> dict[str, Any]:
-        """Leader's question: ``item`` without the fields this follower did not advertise it takes
-        (``transcribedFrom`` only with transcript-v1)."""
-        return {k: v for k, v in item.items()
-                if k not in DELIVERY_FIELD_CAPABILITIES or DELIVERY_FIELD_CAPABILITIES[k] in self.names}
-
     def accepts_send_field(self, field: str, message_type: str) -> bool:
         """Follower's question: does the leader that advertised these honour ``field`` in a
         ``message_type`` send message? Version 1 fields always; others only with their capability."""
@@ -137,13 +131,10 @@ class Capabilities:
         return sorted(self.names)
 
 
-def may_deliver(item: Mapping[str, Any], follower_capabilities: Capabilities | Iterable[str]) -> bool:
+def may_deliver(item: InboundItem, follower_capabilities: Capabilities | Iterable[str]) -> bool:
     """Leader side, before sending a delivery ``item``: did its follower advertise the item's type
     (and, for a ``control``, its action)?"""
-    item_type = item.get("type")
-    if not isinstance(item_type, str):
-        return False
     capabilities = Capabilities.of(follower_capabilities)
-    if item_type == "control":
-        return capabilities.may_receive_control(str(item.get("action")))
-    return capabilities.may_receive(item_type)
+    if isinstance(item, ControlItem):
+        return capabilities.may_receive_control(item.action)
+    return capabilities.may_receive(item.type)

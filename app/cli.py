@@ -368,8 +368,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(snapshot, indent=2, sort_keys=True))
     else:
         from topicbus.core.board import render_text
+        from topicbus.status_json import status_report
 
-        print(render_text(snapshot))
+        print(render_text(status_report(snapshot)))
     return 0
 
 

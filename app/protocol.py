@@ -6,10 +6,14 @@ leader's bus server, the follower client and the tests' fake leader:
 * follower → leader: built with :func:`register_frame`, :func:`heartbeat_frame`,
   :func:`disconnect_frame`, :func:`send_frame` (messages from :func:`text_message`,
   :func:`chat_action_message`, :func:`document_message`) and :func:`receipt_frame`; decoded by the
-  leader with :func:`decode_frame`;
+  leader with :func:`decode_frame` into one of :data:`FollowerFrame`'s models;
 * leader → follower: built with :func:`ack`, :func:`error_ack`, :func:`deliver_frame` (items from
   :func:`message_item`) and :func:`superseded_frame`; decoded by followers with
   :func:`decode_leader_frame`;
+* the leader's records (:mod:`topicbus.core.records`) and the wire, one converter each way:
+  :func:`output_item` (a ``follower.send`` message → its outbox item), :func:`leader_frame` (a
+  delivery or a supersession → its frame, items by :func:`wire_item`) and :func:`wire_result` (an
+  answer → an ack's ``result``). The wire models here carry the records' names;
 * :class:`Capabilities`: what each side may send the other (docs/protocol.md, "Capabilities"); defined with the capability
   names in :mod:`topicbus.capabilities` and re-exported here.
 
@@ -25,18 +29,19 @@ import binascii
 import json
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from topicbus.capabilities import (  # noqa: F401 - re-exported: the protocol is defined in one place
     CAP_BUTTON, CAP_BUTTONS, CAP_CONTROL, CAP_DELIVER, CAP_DISPLAY_TITLE, CAP_EDIT, CAP_FORMAT, CAP_MEDIA, CAP_PHOTO,
     CAP_SCREEN, CAP_SCREEN_FRAMES, CAP_SEND, CAP_TAIL, CAP_TRANSCRIPT, CONTROL_ACTION_CAPABILITIES, DELIVERY_CAPABILITIES,
-    DELIVERY_FIELD_CAPABILITIES, FOLLOWER_BASE_CAPABILITIES,
+    FOLLOWER_BASE_CAPABILITIES,
     LEADER_CAPABILITIES, LEADER_V1_CAPABILITIES, MESSAGE_ITEM,
     REQUIRED_FOLLOWER_CAPABILITIES, SEND_BASE_FIELDS, SEND_FIELD_CAPABILITIES, SEND_TYPE_CAPABILITIES,
     UNSUPPORTED_BY_LEADER, Capabilities, may_deliver,
 )
+from topicbus.core import records
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
@@ -121,6 +126,7 @@ class TargetRef(_Strict):
 
 
 class Registration(_Strict):
+    kind: ClassVar[Kind] = Kind.REGISTER
     request_id: Id = Field(alias="requestId")
     instance_id: Id = Field(alias="instanceId")
     registration_generation: str | None = Field(default=None, alias="registrationGeneration", max_length=128)
@@ -138,13 +144,27 @@ class Registration(_Strict):
 
 
 class FollowerRequest(_Strict):
-    """A follower request bound to one registration generation (heartbeat, disconnect; send adds a message).
+    """A follower request bound to one registration generation (:class:`Heartbeat`, :class:`Disconnect`,
+    :class:`SendRequest`, which adds a message).
 
     The leader serves it only while ``registrationGeneration`` is the live one of ``instanceId``."""
 
+    kind: ClassVar[Kind]
     request_id: Id = Field(alias="requestId")
     instance_id: Id = Field(alias="instanceId")
     registration_generation: str | None = Field(default=None, alias="registrationGeneration", max_length=128)
+
+
+class Heartbeat(FollowerRequest):
+    """``follower.heartbeat``: the follower is alive (answered with the topic's title)."""
+
+    kind: ClassVar[Kind] = Kind.HEARTBEAT
+
+
+class Disconnect(FollowerRequest):
+    """``follower.disconnect``: the follower leaves gracefully."""
+
+    kind: ClassVar[Kind] = Kind.DISCONNECT
 
 
 TextFormat = Literal["plain", "markdown", "html", "pre"]
@@ -210,14 +230,23 @@ OutboundMessage = Annotated[TextMessage | ChatActionMessage | DocumentMessage | 
 
 
 class SendRequest(FollowerRequest):
+    """``follower.send``: one message for the follower's topic (:func:`output_item` is its outbox item)."""
+
+    kind: ClassVar[Kind] = Kind.SEND
     message: OutboundMessage
     chat_id: int | None = Field(default=None, alias="chatId")
     thread_id: int | None = Field(default=None, alias="threadId")
+
+    @property
+    def item(self) -> records.OutboxItem:
+        """The message as the leader keeps it (:func:`output_item`)."""
+        return output_item(self.message)
 
 
 class Receipt(_Strict):
     """The follower's ``bus.ack`` for one ``leader.deliver`` (``requestId`` is the deliveryId)."""
 
+    kind: ClassVar[Kind] = Kind.ACK
     request_id: Id = Field(alias="requestId")
     ok: bool = True
 
@@ -396,31 +425,29 @@ class Superseded(_Strict):
 
 
 LeaderFrame = Ack | Deliver | Superseded
+#: What a follower sends the leader; each model's ``kind`` is its envelope kind.
+FollowerFrame = Registration | Heartbeat | Disconnect | SendRequest | Receipt
 
 # ---- decoding -------------------------------------------------------------------------------
 
-_MODELS: dict[str, type[_Strict]] = {
-    Kind.REGISTER: Registration,
-    Kind.HEARTBEAT: FollowerRequest,
-    Kind.DISCONNECT: FollowerRequest,
-    Kind.SEND: SendRequest,
-    Kind.ACK: Receipt,
-}
+_MODELS: dict[str, type[_Strict]] = {model.kind: model for model in (Registration, Heartbeat, Disconnect,
+                                                                      SendRequest, Receipt)}
 _LEADER_MODELS: dict[str, type[_Strict]] = {Kind.ACK: Ack, Kind.DELIVER: Deliver, Kind.SUPERSEDED: Superseded}
 
 
-def decode_frame(text: str) -> tuple[Kind, Any, dict[str, Any]]:
-    """Leader side: parse one follower frame into ``(kind, model, raw)``; :class:`ProtocolError` when invalid."""
-    return _decode(text, _MODELS)
+def decode_frame(text: str) -> FollowerFrame:
+    """Leader side: parse one follower frame (:class:`Registration`, :class:`Heartbeat`,
+    :class:`Disconnect`, :class:`SendRequest` or :class:`Receipt`); :class:`ProtocolError` when invalid."""
+    return _decode(text, _MODELS)  # type: ignore[return-value]
 
 
 def decode_leader_frame(text: str) -> LeaderFrame:
     """Follower side: parse one leader frame (:class:`Ack`, :class:`Deliver` or :class:`Superseded`);
     :class:`ProtocolError` when invalid (``unknown-kind`` for a kind this version does not know)."""
-    return _decode(text, _LEADER_MODELS)[1]
+    return _decode(text, _LEADER_MODELS)  # type: ignore[return-value]
 
 
-def _decode(text: str, models: dict[str, type[_Strict]]) -> tuple[Kind, Any, dict[str, Any]]:
+def _decode(text: str, models: dict[str, type[_Strict]]) -> _Strict:
     try:
         raw = json.loads(text)
     except (ValueError, RecursionError):
@@ -434,7 +461,7 @@ def _decode(text: str, models: dict[str, type[_Strict]]) -> tuple[Kind, Any, dic
     if model is None:
         raise ProtocolError(ErrorCode.UNKNOWN_KIND, f"Unknown envelope kind {kind[:64]!r}.")
     try:
-        return Kind(kind), model.model_validate(raw), raw
+        return model.model_validate(raw)
     except ValidationError as exc:
         raise ProtocolError(ErrorCode.INVALID_ENVELOPE, describe_errors(exc)) from None
 
@@ -583,3 +610,77 @@ def superseded_frame(instance_id: str, reason: str) -> dict[str, Any]:
 
 def encode(frame: dict[str, Any]) -> str:
     return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+
+
+# ---- the leader's records ⇄ the wire: one converter each way ----------------------------------------
+
+
+def output_item(message: TextMessage | ChatActionMessage | DocumentMessage | PhotoMessage) -> records.OutboxItem:
+    """A validated ``follower.send`` message as the leader keeps it: its outbox item (a file's bytes
+    decoded from base64; ``tail`` and ``screen`` false when absent)."""
+    if isinstance(message, TextMessage):
+        buttons = tuple(tuple(records.Button(b.text, b.data) for b in row) for row in message.buttons or ())
+        return records.TextMessage(message.text, message.format, buttons, bool(message.tail), bool(message.screen))
+    if isinstance(message, ChatActionMessage):
+        return records.ChatActionMessage(message.action)
+    kind = records.PhotoMessage if isinstance(message, PhotoMessage) else records.DocumentMessage
+    return kind(message.file_name, base64.b64decode(message.data_base64), message.caption)
+
+
+def leader_frame(frame: records.Deliver | records.Superseded) -> dict[str, Any]:
+    """A frame the leader pushes to a follower, as it goes on the wire."""
+    if isinstance(frame, records.Deliver):
+        return deliver_frame(frame.delivery_id, frame.instance_id, frame.registration_generation,
+                             wire_item(frame.item))
+    return superseded_frame(frame.instance_id, frame.reason)
+
+
+def wire_item(item: records.InboundItem) -> dict[str, Any]:
+    """A delivery item as ``leader.deliver`` carries it: every field of its type present (absent ones as
+    null), a message's ``transcribedFrom`` only when it has one."""
+    if isinstance(item, records.MessageItem):
+        wire = {"type": MESSAGE_ITEM, "text": item.text, "caption": item.caption, "messageId": item.message_id,
+                "fromUserId": item.from_user_id, "fromName": item.from_name, "date": item.date,
+                "document": None if item.document is None else _wire_document(item.document),
+                "reply": None if item.reply is None else _wire_reply(item.reply)}
+        if item.transcribed_from is not None:
+            wire["transcribedFrom"] = _wire_file(item.transcribed_from)
+        return wire
+    if isinstance(item, records.MediaItem):
+        return {"type": "media", "files": [_wire_file(f) for f in item.files], "caption": item.caption,
+                "messageId": item.message_id, "fromUserId": item.from_user_id, "fromName": item.from_name,
+                "date": item.date, "reply": None if item.reply is None else _wire_reply(item.reply)}
+    if isinstance(item, records.EditItem):
+        return {"type": "edit", "messageId": item.message_id, "text": item.text}
+    if isinstance(item, records.ControlItem):
+        return {"type": "control", "action": item.action, "messageId": item.message_id}
+    if isinstance(item, records.ButtonItem):
+        return {"type": "button", "data": item.data, "messageId": item.message_id, "fromUserId": item.from_user_id}
+    raise ValueError(f"no follower takes an item of type {item.type!r}")
+
+
+def _wire_document(document: records.DocumentRef) -> dict[str, Any]:
+    return {"fileId": document.file_id, "fileName": document.file_name, "mimeType": document.mime_type,
+            "fileSize": document.file_size}
+
+
+def _wire_file(file: records.FileRef) -> dict[str, Any]:
+    return {"fileId": file.file_id, "fileName": file.file_name, "mimeType": file.mime_type,
+            "fileSize": file.file_size, "kind": file.kind, "duration": file.duration, "tooLarge": file.too_large}
+
+
+def _wire_reply(reply: records.ReplyContext) -> dict[str, Any]:
+    return {"messageId": reply.message_id, "text": reply.text, "fromName": reply.from_name,
+            "fromAgent": reply.from_agent, "quote": reply.quote}
+
+
+def wire_result(result: records.RequestResult | None) -> dict[str, Any]:
+    """An answer to a follower request as its ack's ``result`` (None, a disconnect's: ``{}``)."""
+    if isinstance(result, records.RegistrationResult):
+        return {"chatId": result.chat_id, "threadId": result.thread_id, "slot": result.slot,
+                "displayTitle": result.display_title, "bindingKey": result.binding_key}
+    if isinstance(result, records.HeartbeatResult):
+        return {"displayTitle": result.display_title}
+    if isinstance(result, records.SendResult):
+        return {"outboxId": result.outbox_id}
+    return {}

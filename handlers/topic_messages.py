@@ -9,7 +9,10 @@ What each message becomes (the canonical item, see ``leader/inbound``):
   album parts carry their ``media_group_id`` to the router, which delivers the album as one item;
 * a reply → the ``reply`` context: the replied-to message's text (else caption), its sender, whether
   it was posted by the bot (the agent's own output) and the quoted part;
-* an edited message → an ``edit`` item (``messageId`` and the new text, else caption).
+* an edited message → an ``edit`` item (the message id and the new text, else caption).
+
+This is the Telegram edge of the inbound items: a PTB message becomes a record of
+``core/records`` here, and nothing past it sees Telegram's objects.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ from typing import Any
 from telegram import Message, Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
+from topicbus.core.records import EditItem, FileRef, InboundItem, MediaItem, MessageItem, ReplyContext
 from topicbus.handlers.filters import NOT_STATUS_UPDATE, InThread, owner_messages
 from topicbus.leader.agent_commands import parse_reserved
-from topicbus.leader.inbound import edit_item, is_too_large, media_item
+from topicbus.leader.inbound import is_too_large
 from topicbus.leader.routing import Router
 from topicbus.leader.topics import ControlTopic
-from topicbus.protocol import message_item
 
 _ADDRESSED = re.compile(r"/([A-Za-z0-9_]+)@([A-Za-z0-9_]+)")
 
@@ -48,15 +51,15 @@ def _seconds(value: int | timedelta | None) -> int | None:
     return int(value.total_seconds()) if isinstance(value, timedelta) else int(value)
 
 
-def _file(kind: str, media: Any, file_name: str, mime_type: str | None, *, duration: bool = True) -> dict[str, Any]:
+def _file(kind: str, media: Any, file_name: str, mime_type: str | None, *, duration: bool = True) -> FileRef:
     size = getattr(media, "file_size", None)
-    return {"fileId": media.file_id, "fileName": file_name, "mimeType": mime_type, "fileSize": size, "kind": kind,
-            "duration": _seconds(getattr(media, "duration", None)) if duration else None,
-            "tooLarge": is_too_large(size)}
+    return FileRef(file_id=media.file_id, file_name=file_name, mime_type=mime_type, file_size=size, kind=kind,
+                   duration=_seconds(getattr(media, "duration", None)) if duration else None,
+                   too_large=is_too_large(size))
 
 
-def message_files(message: Message) -> list[dict[str, Any]]:
-    """The file a message carries, as a ``FileRef`` (wire names); [] for a message without one."""
+def message_files(message: Message) -> list[FileRef]:
+    """The file a message carries; [] for a message without one."""
     if message.animation is not None:  # Telegram sets `document` too for animations
         a = message.animation
         return [_file("animation", a, a.file_name or "animation.mp4", a.mime_type or "video/mp4")]
@@ -79,7 +82,7 @@ def message_files(message: Message) -> list[dict[str, Any]]:
     return []
 
 
-def reply_context(message: Message, bot_id: int | None) -> dict[str, Any] | None:
+def reply_context(message: Message, bot_id: int | None) -> ReplyContext | None:
     """What the message replied to. In a forum topic every message "replies" to the topic's
     creation message when it replies to nothing: that is not a reply."""
     replied = message.reply_to_message
@@ -91,28 +94,31 @@ def reply_context(message: Message, bot_id: int | None) -> dict[str, Any] | None
         from_name: str | None = sender.full_name
     else:
         from_name = replied.sender_chat.title if replied.sender_chat is not None else None
-    return {"messageId": replied.message_id, "text": replied.text if replied.text is not None else replied.caption,
-            "fromName": from_name, "fromAgent": sender is not None and bot_id is not None and sender.id == bot_id,
-            "quote": message.quote.text if message.quote is not None else None}
+    return ReplyContext(message_id=replied.message_id,
+                        text=replied.text if replied.text is not None else replied.caption, from_name=from_name,
+                        from_agent=sender is not None and bot_id is not None and sender.id == bot_id,
+                        quote=message.quote.text if message.quote is not None else None)
 
 
 def message_payload(message: Message, *, bot_id: int | None = None,
-                    bot_username: str | None = None) -> dict[str, Any] | None:
+                    bot_username: str | None = None) -> MessageItem | MediaItem | None:
     """The item journaled for one owner message; None when there is nothing to route."""
     user = message.from_user
     if user is None or user.is_bot:
         return None
-    common = {"messageId": message.message_id, "fromUserId": user.id, "fromName": user.full_name,
-              "date": int(message.date.timestamp()), "reply": reply_context(message, bot_id)}
+    date = int(message.date.timestamp())
+    reply = reply_context(message, bot_id)
     files = message_files(message)
     if files:
-        return media_item(files=files, caption=message.caption, **common)
+        return MediaItem(files=tuple(files), caption=message.caption, message_id=message.message_id,
+                         from_user_id=user.id, from_name=user.full_name, date=date, reply=reply)
     if message.text is None:
         return None
-    return message_item(text=owner_text(message.text, bot_username), caption=None, document=None, **common)
+    return MessageItem(text=owner_text(message.text, bot_username), message_id=message.message_id,
+                       from_user_id=user.id, from_name=user.full_name, date=date, reply=reply)
 
 
-def edit_payload(message: Message, *, bot_username: str | None = None) -> dict[str, Any] | None:
+def edit_payload(message: Message, *, bot_username: str | None = None) -> EditItem | None:
     """The item journaled for an edited owner message; None when there is nothing to tell the agent
     (no text or caption, or the new text is a reserved command: an edit never runs a command)."""
     user = message.from_user
@@ -121,9 +127,9 @@ def edit_payload(message: Message, *, bot_username: str | None = None) -> dict[s
     if message.text is not None:
         if parse_reserved(message.text, bot_username) is not None:
             return None
-        return edit_item(message.message_id, owner_text(message.text, bot_username))
+        return EditItem(message.message_id, owner_text(message.text, bot_username))
     if message.caption is not None:
-        return edit_item(message.message_id, message.caption)
+        return EditItem(message.message_id, message.caption)
     return None
 
 
@@ -133,7 +139,8 @@ def register(app: Application, *, router: Router, control: ControlTopic, chat_id
         message = update.message
         if message is None or message.message_thread_id is None:
             return
-        payload = message_payload(message, bot_id=context.bot.id, bot_username=context.bot.username)
+        payload: InboundItem | None = message_payload(message, bot_id=context.bot.id,
+                                                      bot_username=context.bot.username)
         if payload is None:
             return
         await router.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload,

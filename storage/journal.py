@@ -10,6 +10,11 @@ row was settled, whichever way.
 
 A row with ``for_instance`` (a button press) is generation-bound: only that follower process gets
 it, also after it reconnects; a successor never does.
+
+A row's ``payload`` is its inbound item (``core/records``), stored as JSON in the shape every release
+has written (the protocol's version 1 item: ``{"type": "message", "messageId": …}``), so rows written
+by 0.2 and 0.3 read as they are, and a leader of those releases taking over reads the rows of this
+one. :func:`item_json` and :func:`item_of` are that shape's one converter each way.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from topicbus.core.records import (ButtonItem, ControlItem, DocumentRef, EditItem, FileRef, InboundItem, MediaItem,
+                                   MessageItem, ReplyContext, UnknownItem)
 from topicbus.storage.db import Authority, AuthorityLost, Database, UnitOfWork
 
 DELIVERY_PREFIX = "d-"
@@ -27,7 +34,7 @@ SETTLED = ("delivered", "merged", "skipped", "dropped", "expired")
 _CHUNK = 400  # bound parameters per statement, well below SQLite's limit
 
 #: One row to journal: (update_id, binding_key, payload) or (update_id, binding_key, payload, media_group).
-JournalRow = tuple[int, str, dict[str, Any]] | tuple[int, str, dict[str, Any], str | None]
+JournalRow = tuple[int, str, InboundItem] | tuple[int, str, InboundItem, str | None]
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,7 @@ class JournalItem:
     seq: int
     update_id: int
     binding_key: str
-    payload: dict[str, Any]
+    payload: InboundItem
     attempts: int
     created_at_ms: int = 0
     status: str = "pending"
@@ -55,19 +62,103 @@ def parse_delivery_id(delivery_id: str) -> int | None:
 
 
 def _item(r: Any) -> JournalItem:
-    return JournalItem(r["seq"], r["update_id"], r["binding_key"], json.loads(r["payload"]), r["attempts"],
+    return JournalItem(r["seq"], r["update_id"], r["binding_key"], item_of(r["payload"]), r["attempts"],
                        r["created_at_ms"], r["status"], r["media_group"], r["for_instance"])
 
 
-def _dump(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, separators=(",", ":"))
+def _dump(payload: InboundItem) -> str:
+    return json.dumps(item_json(payload), separators=(",", ":"))
+
+
+# --- the stored shape of an item, one converter each way -------------------------------------------
+def item_json(item: InboundItem) -> dict[str, Any]:
+    """An item as its row stores it: every field of its type, absent ones as null (a message's
+    ``transcribedFrom`` only when it has one)."""
+    if isinstance(item, MessageItem):
+        stored = {"type": "message", "text": item.text, "caption": item.caption, "messageId": item.message_id,
+                  "fromUserId": item.from_user_id, "fromName": item.from_name, "date": item.date,
+                  "document": None if item.document is None else _document_json(item.document),
+                  "reply": None if item.reply is None else _reply_json(item.reply)}
+        if item.transcribed_from is not None:
+            stored["transcribedFrom"] = _file_json(item.transcribed_from)
+        return stored
+    if isinstance(item, MediaItem):
+        return {"type": "media", "files": [_file_json(f) for f in item.files], "caption": item.caption,
+                "messageId": item.message_id, "fromUserId": item.from_user_id, "fromName": item.from_name,
+                "date": item.date, "reply": None if item.reply is None else _reply_json(item.reply)}
+    if isinstance(item, EditItem):
+        return {"type": "edit", "messageId": item.message_id, "text": item.text}
+    if isinstance(item, ControlItem):
+        return {"type": "control", "action": item.action, "messageId": item.message_id}
+    if isinstance(item, ButtonItem):
+        return {"type": "button", "data": item.data, "messageId": item.message_id, "fromUserId": item.from_user_id}
+    return {"type": item.type}
+
+
+def item_of(text: str) -> InboundItem:
+    """The item a row stores, whichever release wrote it (a field it lacks reads as absent, one it
+    does not know is ignored; a type this version does not know is an :class:`UnknownItem`)."""
+    raw = json.loads(text)
+    kind = raw.get("type")
+    if kind == "message":
+        document, transcribed = raw.get("document"), raw.get("transcribedFrom")
+        return MessageItem(text=raw.get("text"), caption=raw.get("caption"), message_id=raw.get("messageId"),
+                           from_user_id=raw.get("fromUserId"), from_name=raw.get("fromName"), date=raw.get("date"),
+                           document=_document_of(document) if isinstance(document, dict) else None,
+                           reply=_reply_of(raw.get("reply")),
+                           transcribed_from=_file_of(transcribed) if isinstance(transcribed, dict) else None)
+    if kind == "media":
+        return MediaItem(files=tuple(_file_of(f) for f in raw.get("files") or () if isinstance(f, dict)),
+                         caption=raw.get("caption"), message_id=raw.get("messageId"),
+                         from_user_id=raw.get("fromUserId"), from_name=raw.get("fromName"), date=raw.get("date"),
+                         reply=_reply_of(raw.get("reply")))
+    if kind == "edit":
+        return EditItem(message_id=raw.get("messageId"), text=raw.get("text"))
+    if kind == "control":
+        return ControlItem(action=raw.get("action"), message_id=raw.get("messageId"))
+    if kind == "button":
+        return ButtonItem(data=raw.get("data"), message_id=raw.get("messageId"), from_user_id=raw.get("fromUserId"))
+    return UnknownItem(str(kind))
+
+
+def _document_json(document: DocumentRef) -> dict[str, Any]:
+    return {"fileId": document.file_id, "fileName": document.file_name, "mimeType": document.mime_type,
+            "fileSize": document.file_size}
+
+
+def _document_of(raw: dict[str, Any]) -> DocumentRef:
+    return DocumentRef(file_id=raw.get("fileId"), file_name=raw.get("fileName"), mime_type=raw.get("mimeType"),
+                       file_size=raw.get("fileSize"))
+
+
+def _file_json(file: FileRef) -> dict[str, Any]:
+    return {"fileId": file.file_id, "fileName": file.file_name, "mimeType": file.mime_type,
+            "fileSize": file.file_size, "kind": file.kind, "duration": file.duration, "tooLarge": file.too_large}
+
+
+def _file_of(raw: dict[str, Any]) -> FileRef:
+    return FileRef(file_id=raw.get("fileId"), file_name=raw.get("fileName"), mime_type=raw.get("mimeType"),
+                   file_size=raw.get("fileSize"), kind=raw.get("kind") or "document", duration=raw.get("duration"),
+                   too_large=bool(raw.get("tooLarge")))
+
+
+def _reply_json(reply: ReplyContext) -> dict[str, Any]:
+    return {"messageId": reply.message_id, "text": reply.text, "fromName": reply.from_name,
+            "fromAgent": reply.from_agent, "quote": reply.quote}
+
+
+def _reply_of(raw: object) -> ReplyContext | None:
+    if not isinstance(raw, dict):
+        return None
+    return ReplyContext(message_id=raw.get("messageId"), text=raw.get("text"), from_name=raw.get("fromName"),
+                        from_agent=bool(raw.get("fromAgent")), quote=raw.get("quote"))
 
 
 class JournalRepository:
     def __init__(self, db: Database):
         self._db = db
 
-    async def append(self, update_id: int, binding_key: str, payload: dict[str, Any], now_ms: int,
+    async def append(self, update_id: int, binding_key: str, payload: InboundItem, now_ms: int,
                      authority: Authority) -> JournalItem | None:
         """Journal one routed update; ``None`` when that update was already journaled."""
         added = await self.append_many([(update_id, binding_key, payload)], now_ms, authority)
@@ -81,7 +172,7 @@ class JournalRepository:
 
         One statement on the hot path: the rows, the duplicate check (``ON CONFLICT``) and the
         authority check (the lease row must still name this leader) commit or fail together."""
-        unique: dict[int, tuple[int, str, dict[str, Any], str | None]] = {}
+        unique: dict[int, tuple[int, str, InboundItem, str | None]] = {}
         for row in rows:
             update_id, key, payload = row[0], row[1], row[2]
             unique[update_id] = (update_id, key, payload, row[3] if len(row) > 3 else None)
@@ -104,7 +195,7 @@ class JournalRepository:
                        for u, k, p, g in unique.values() if u in seqs), key=lambda i: i.seq)
 
     @staticmethod
-    async def append_tx(uow: UnitOfWork, update_id: int, binding_key: str, payload: dict[str, Any], now_ms: int, *,
+    async def append_tx(uow: UnitOfWork, update_id: int, binding_key: str, payload: InboundItem, now_ms: int, *,
                         for_instance: str | None = None) -> JournalItem | None:
         """Journal one routed update inside a caller's unit of work (with what must commit with it);
         ``None`` when that update was already journaled. ``for_instance``: the row is generation-bound
@@ -181,7 +272,7 @@ class JournalRepository:
         return [(r["binding_key"], r["media_group"] or "") for r in rows]
 
     async def seal_group(self, binding_key: str, media_group: str,
-                         combine: Callable[[list[dict[str, Any]]], dict[str, Any]], now_ms: int,
+                         combine: Callable[[list[InboundItem]], InboundItem], now_ms: int,
                          authority: Authority, *, parts_per_item: int | None = None) -> list[JournalItem]:
         """Close an album: in one transaction its first gathering row becomes the album (payload
         ``combine(parts)``, pending) and the other parts become ``merged``. With ``parts_per_item``,
@@ -219,7 +310,7 @@ class JournalRepository:
         return [_item(r) for r in rows]
 
     @staticmethod
-    async def release_held_tx(uow: UnitOfWork, seq: int, binding_key: str, payload: dict[str, Any] | None) -> bool:
+    async def release_held_tx(uow: UnitOfWork, seq: int, binding_key: str, payload: InboundItem | None) -> bool:
         """A held voice note becomes ``pending`` (deliverable), with ``payload`` (its transcript item)
         instead of what was journaled, or as it was (None). False when it is no longer held (dropped)."""
         if payload is None:

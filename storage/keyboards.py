@@ -4,6 +4,10 @@ Telegram hands back only a button's ``callback_data`` (at most 64 bytes); each b
 ``k:<token>:<index>`` and the row here says what it means: whose output it is under, which follower
 process and registration it belongs to, the follower's data, and — for a follower's buttons — the
 one press that answered it.
+
+Two columns hold JSON, each read and written here only: ``buttons`` (rows of ``{"text", "data"}``,
+read as :class:`~topicbus.core.records.Button` rows) and ``shown_text`` (the answered message as it is
+to be shown: its text and entities, read as a :class:`~topicbus.core.formatting.Rendered`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from topicbus.core.formatting import Entity, Rendered
+from topicbus.core.records import Button
 from topicbus.storage.db import Authority, Database, UnitOfWork
 
 CHOICE = "choice"
@@ -36,20 +42,20 @@ class Keyboard:
     chat_id: int
     thread_id: int | None
     message_id: int | None
-    buttons: list[list[dict[str, str]]]
+    buttons: tuple[tuple[Button, ...], ...]
     created_at_ms: int = 0
     answered_update_id: int | None = None
     answered_index: int | None = None
     answered_by: int | None = None
     answered_at_ms: int | None = None
-    shown_text: dict[str, Any] | None = None
+    shown_text: Rendered | None = None  # the answered message with the choice under it, to be shown
     shown_at_ms: int | None = None
 
     @property
     def answered(self) -> bool:
         return self.answered_update_id is not None
 
-    def button(self, index: int | None) -> dict[str, str] | None:
+    def button(self, index: int | None) -> Button | None:
         """The ``index``-th button, counted row by row (None when there is no such button)."""
         flat = [b for row in self.buttons for b in row]
         return flat[index] if index is not None and 0 <= index < len(flat) else None
@@ -59,9 +65,34 @@ def _keyboard(r: Any) -> Keyboard:
     presses = r["takes_presses"]
     return Keyboard(r["token"], r["kind"], r["outbox_id"], r["binding_key"], r["instance_id"],
                     r["registration_generation"], None if presses is None else bool(presses), r["chat_id"],
-                    r["thread_id"], r["message_id"], json.loads(r["buttons"]), r["created_at_ms"],
+                    r["thread_id"], r["message_id"], _buttons_of(r["buttons"]), r["created_at_ms"],
                     r["answered_update_id"], r["answered_index"], r["answered_by"], r["answered_at_ms"],
-                    json.loads(r["shown_text"]) if r["shown_text"] else None, r["shown_at_ms"])
+                    _shown_of(r["shown_text"]), r["shown_at_ms"])
+
+
+def _buttons_json(buttons: tuple[tuple[Button, ...], ...]) -> str:
+    return json.dumps([[{"text": b.text, "data": b.data} for b in row] for row in buttons], separators=(",", ":"),
+                      ensure_ascii=False)
+
+
+def _buttons_of(text: str) -> tuple[tuple[Button, ...], ...]:
+    return tuple(tuple(Button(str(b["text"]), str(b["data"])) for b in row) for row in json.loads(text))
+
+
+def _shown_json(shown: Rendered | None) -> str | None:
+    if shown is None:
+        return None
+    return json.dumps({"text": shown.text, "entities": [{"type": e.type, "offset": e.offset, "length": e.length,
+                                                         "language": e.language, "url": e.url}
+                                                        for e in shown.entities]},
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+def _shown_of(text: str | None) -> Rendered | None:
+    stored = json.loads(text) if text else None
+    if not stored:
+        return None
+    return Rendered(stored["text"], tuple(Entity(**e) for e in stored.get("entities") or []))
 
 
 class KeyboardRepository:
@@ -74,7 +105,7 @@ class KeyboardRepository:
 
     async def make(self, *, kind: str, outbox_id: int, binding_key: str, instance_id: str, generation: str,
                    takes_presses: bool | None, chat_id: int, thread_id: int | None,
-                   buttons: list[list[dict[str, str]]], now_ms: int, authority: Authority) -> Keyboard:
+                   buttons: tuple[tuple[Button, ...], ...], now_ms: int, authority: Authority) -> Keyboard:
         """The keyboard of one output row: made once, and the same one when that row goes out again
         (its message may have been sent before a crash). An Interrupt keyboard follows the
         registration that is live now."""
@@ -95,7 +126,7 @@ class KeyboardRepository:
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (token, kind, outbox_id, binding_key, instance_id, generation,
                  None if takes_presses is None else int(takes_presses), chat_id, thread_id,
-                 json.dumps(buttons, separators=(",", ":"), ensure_ascii=False), now_ms))
+                 _buttons_json(buttons), now_ms))
             return await self._reread(uow, token)
 
     @staticmethod
@@ -111,7 +142,7 @@ class KeyboardRepository:
 
     @staticmethod
     async def claim_tx(uow: UnitOfWork, token: str, *, update_id: int, index: int, user_id: int, now_ms: int,
-                       message_id: int | None, shown: dict[str, Any] | None) -> bool:
+                       message_id: int | None, shown: Rendered | None) -> bool:
         """Record the press that answers a choice keyboard, and the message as it is to be shown;
         False when another press did already."""
         return await uow.execute(
@@ -119,8 +150,7 @@ class KeyboardRepository:
                    answered_at_ms = ?, shown_text = ?, message_id = COALESCE(message_id, ?)
                WHERE token = ? AND answered_update_id IS NULL""",
             (update_id, index, user_id, now_ms,
-             json.dumps(shown, separators=(",", ":"), ensure_ascii=False) if shown is not None else None,
-             message_id, token)) == 1
+             _shown_json(shown), message_id, token)) == 1
 
     async def mark_shown(self, token: str, now_ms: int, authority: Authority) -> None:
         async with self._db.unit_of_work(authority) as uow:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,14 +32,17 @@ from topicbus.protocol import (
     ButtonItem,
     Capabilities,
     ControlItem,
+    Disconnect,
     EditItem,
+    FollowerFrame,
+    Heartbeat,
     LEADER_V1_CAPABILITIES,
     MAX_FRAME_BYTES,
     FollowerRequest,
     HeartbeatResult,
-    Kind,
     MediaItem,
     ProtocolError,
+    Receipt,
     Registration,
     RegistrationResult,
     SendRequest,
@@ -269,15 +273,15 @@ class FakeLeader:
             if msg.type != WSMsgType.TEXT:
                 continue
             try:
-                kind, model, raw = decode_frame(msg.data)
+                model = decode_frame(msg.data)
             except ProtocolError as exc:  # answered exactly as the real leader would
                 self.invalid_frames.append(f"{exc.code}: {exc.message}")
                 await ws.send_str(encode(error_ack(request_id_of(msg.data), exc.code, exc.message)))
                 continue
-            frame = {**raw, "_conn": conn.index}
+            frame = {**json.loads(msg.data), "_conn": conn.index}
             self.frames.append(frame)
             conn.frames.append(frame)
-            reply = self._answer(conn, kind, model)
+            reply = self._answer(conn, model)
             if reply == "drop":
                 await ws.close()
                 break
@@ -285,23 +289,23 @@ class FakeLeader:
                 await ws.send_str(encode(reply))
         return ws
 
-    def _answer(self, conn: FakeConnection, kind: Kind, model: Any) -> dict[str, Any] | str | None:
-        if kind is Kind.ACK:
+    def _answer(self, conn: FakeConnection, model: FollowerFrame) -> dict[str, Any] | str | None:
+        if isinstance(model, Receipt):
             return None
         rid = model.request_id
-        if kind is Kind.REGISTER:
+        if isinstance(model, Registration):
             return self._register(conn, model)
         fence = self._fence(model)
         if fence is not None:
             return error_ack(rid, fence, fence)
-        if kind is Kind.HEARTBEAT:
+        if isinstance(model, Heartbeat):
             if self.mute_heartbeats:
                 return None
             if self.stale_heartbeats > 0:
                 self.stale_heartbeats -= 1
                 return error_ack(rid, "stale-generation", "stale-generation")
             return ack(rid, HeartbeatResult(display_title="A · fake").model_dump(by_alias=True))
-        if kind is Kind.DISCONNECT:
+        if isinstance(model, Disconnect):
             self.live.pop(model.instance_id, None)
             return ack(rid, {})
         assert isinstance(model, SendRequest)

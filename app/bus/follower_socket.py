@@ -13,7 +13,8 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 from loguru import logger
 
-from topicbus.protocol import encode
+from topicbus.core.records import Deliver, Superseded
+from topicbus.protocol import encode, leader_frame
 
 
 class SendQueueFull(ConnectionError):
@@ -66,11 +67,13 @@ class FollowerSocket:
     def queued_bytes(self) -> int:
         return self._queued
 
-    async def send_frame(self, frame: dict[str, Any]) -> None:
-        """Queue one frame for the writer. Never waits on the socket."""
-        self.enqueue(encode(frame))
+    async def send_frame(self, frame: Deliver | Superseded) -> None:
+        """Queue one frame the leader pushes (converted to the wire here) for the writer. Never waits on
+        the socket."""
+        self.enqueue(encode(leader_frame(frame)))
 
     def enqueue(self, text: str) -> None:
+        """Queue one encoded frame (the bus server's answers come this way)."""
         if self.closed:
             raise ConnectionResetError("the follower connection is closed")
         size = len(text.encode())

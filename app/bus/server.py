@@ -44,10 +44,13 @@ from topicbus.bus.follower_socket import FollowerSocket
 from topicbus.bus.guard import ConnectionGuard, effective_max_connections
 from topicbus.bus.metrics import Snapshot
 from topicbus.bus.metrics import render as render_metrics
-from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, ErrorCode, FollowerRequest, Kind, ProtocolError,
-                               Registration, SendRequest, ack, decode_frame, error_ack, leader_identity,
-                               request_id_of)
+from topicbus.core.records import HeartbeatResult, RegistrationResult, SendResult
+from topicbus.core.status import StatusReport
+from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, Disconnect, ErrorCode, FollowerRequest, Heartbeat,
+                               ProtocolError, Receipt, Registration, SendRequest, ack, decode_frame, encode, error_ack,
+                               leader_identity, request_id_of, wire_result)
 from topicbus.retry import sleep_or_stop
+from topicbus.status_json import status_document
 from topicbus.storage.db import AuthorityLost
 
 REPLAY_LEDGER_SIZE = 4096
@@ -116,13 +119,13 @@ class LeaderBus(Protocol):
 
     def follower_count(self) -> int: ...
 
-    async def register(self, req: Registration, connection: FollowerSocket) -> dict[str, Any]: ...
+    async def register(self, req: Registration, connection: FollowerSocket) -> RegistrationResult: ...
 
-    async def heartbeat(self, req: FollowerRequest) -> dict[str, Any]: ...
+    async def heartbeat(self, req: FollowerRequest) -> HeartbeatResult: ...
 
-    async def disconnect(self, req: FollowerRequest) -> dict[str, Any]: ...
+    async def disconnect(self, req: FollowerRequest) -> None: ...
 
-    async def send(self, req: SendRequest) -> dict[str, Any]: ...
+    async def send(self, req: SendRequest) -> SendResult: ...
 
     async def receipt(self, connection: FollowerSocket, delivery_id: str) -> None: ...
 
@@ -162,7 +165,7 @@ class DownloadSlots:
 
 class BusServer:
     def __init__(self, *, host: str, port: int, secret: str | None,
-                 status: Callable[[], Awaitable[dict[str, Any]]], metrics: Callable[[], Snapshot],
+                 status: Callable[[], Awaitable[StatusReport]], metrics: Callable[[], Snapshot],
                  limits: BusLimits | None = None, ssl_context: ssl.SSLContext | None = None,
                  health: Callable[[], list[str]] | None = None):
         self._host = host
@@ -304,7 +307,7 @@ class BusServer:
     async def _status_handler(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return web.json_response({"error": "unauthorized"}, status=401)
-        return web.json_response(await self._status())
+        return web.json_response(status_document(await self._status()))
 
     def _refusal(self, request: web.Request) -> web.Response | None:
         """401 without the secret, 503 until the leader has published the bus; None when served."""
@@ -394,16 +397,16 @@ class BusServer:
 
     async def _handle(self, leader: LeaderBus, conn: FollowerSocket, text: str) -> None:
         try:
-            kind, model, raw = decode_frame(text)
+            frame = decode_frame(text)
         except ProtocolError as exc:
             await self._reply(conn, error_ack(request_id_of(text), exc.code, exc.message))
             return
-        if kind is Kind.ACK:
-            await leader.receipt(conn, model.request_id)
+        if isinstance(frame, Receipt):
+            await leader.receipt(conn, frame.request_id)
             return
-        if kind is Kind.REGISTER:
+        if isinstance(frame, Registration):
             conn.registration_started()
-        request_id = model.request_id
+        request_id = frame.request_id
         digest = hashlib.sha256(text.encode()).hexdigest()
         previous = conn.replays.get(request_id)
         if previous is not None:
@@ -412,25 +415,24 @@ class BusServer:
             await self._reply(conn, answer)
             return
         try:
-            if kind is Kind.REGISTER:
-                result = await leader.register(model, conn)
-                answer = ack(request_id, result, protocol=leader_identity(leader.leader_build))
-            elif kind is Kind.HEARTBEAT:
-                answer = ack(request_id, await leader.heartbeat(model))
-            elif kind is Kind.DISCONNECT:
-                answer = ack(request_id, await leader.disconnect(model))
-            elif kind is Kind.SEND:
-                answer = ack(request_id, await leader.send(model))
-            else:  # pragma: no cover - decode_frame only yields known kinds
-                answer = error_ack(request_id, ErrorCode.UNKNOWN_KIND, "Unknown envelope kind.")
+            if isinstance(frame, Registration):
+                result = await leader.register(frame, conn)
+                answer = ack(request_id, wire_result(result), protocol=leader_identity(leader.leader_build))
+            elif isinstance(frame, Heartbeat):
+                answer = ack(request_id, wire_result(await leader.heartbeat(frame)))
+            elif isinstance(frame, Disconnect):
+                await leader.disconnect(frame)
+                answer = ack(request_id, wire_result(None))
+            else:
+                answer = ack(request_id, wire_result(await leader.send(frame)))
         except AuthorityLost:
             answer = error_ack(request_id, ErrorCode.NOT_LEADER, "This process is not the leader (lease lost).")
         except ProtocolError as exc:
             answer = error_ack(request_id, exc.code, exc.message)
-            if kind is Kind.REGISTER:
+            if isinstance(frame, Registration):
                 answer["protocol"] = leader_identity(leader.leader_build)
         except Exception as exc:  # noqa: BLE001 - one bad request never takes the bus down
-            logger.bind(phase="bus-handler").exception("bus handler failed for {}", kind.value)
+            logger.bind(phase="bus-handler").exception("bus handler failed for {}", frame.kind.value)
             answer = error_ack(request_id, ErrorCode.INTERNAL, f"Bus handler failed ({type(exc).__name__}).")
         if answer["ok"]:
             # Only answers that changed something are replayed; a refused request changed nothing,
@@ -443,6 +445,6 @@ class BusServer:
     @staticmethod
     async def _reply(conn: FollowerSocket, frame: dict[str, Any]) -> None:
         try:
-            await conn.send_frame(frame)
+            conn.enqueue(encode(frame))
         except Exception:  # noqa: BLE001 - the follower went away; nothing to answer
             pass

@@ -65,7 +65,7 @@ class QueuedItem:
     """A pending outbox row as the planner sees it (no payload)."""
 
     id: int
-    kind: str  # text | notice | chatAction | document | photo
+    kind: str  # the outbox item's type: text | notice | chat_action | document | photo
     units: int  # UTF-16 units of its text (0 for non-text)
     fmt: str | None
     priority: Priority

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from loguru import logger
 
 from topicbus.core.startup import Timers
-from topicbus.leader.inbound import InboundScreen, age_text, combine_album, control_item, preview
+from topicbus.core.records import ControlItem, InboundItem
+from topicbus.leader.inbound import InboundScreen, age_text, combine_album, preview
 from topicbus.leader.notices import Notices
 from topicbus.leader.roster import Roster
 from topicbus.leader.routing import Router
@@ -77,7 +78,7 @@ class ControlOutcome:
     text: str = ""
 
 
-def collapse_albums(items: list[JournalItem]) -> list[tuple[JournalItem, dict]]:
+def collapse_albums(items: list[JournalItem]) -> list[tuple[JournalItem, InboundItem]]:
     """Rows as the owner thinks of them: the parts of an album still gathering are one entry."""
     entries: list[list[JournalItem]] = []
     albums: dict[str, list[JournalItem]] = {}
@@ -284,7 +285,7 @@ class AgentCommands:
                                   "typed it, so it was meant for an earlier process. Send it again if you mean this one.")
         delivery_id = f"c-{origin or self._term.new_id()}"
         sent = await self._roster.hub.send_now(binding_key, record.instance_id, record.registration_generation,
-                                               delivery_id, control_item(action, message_id))
+                                               delivery_id, ControlItem(action, message_id))
         if not sent:
             return ControlOutcome(False, "offline", f"⏸ {command} was not sent: the agent's connection just dropped. "
                                   "Send it again when the agent is back.")

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from loguru import logger
 
 from topicbus.bot.gateway import Outcome
-from topicbus.core.formatting import MAX_MESSAGE, Entity, Rendered
+from topicbus.core.formatting import MAX_MESSAGE, Rendered
 from topicbus.core.press_answers import Offer
+from topicbus.core.records import Button, ButtonItem
 from topicbus.leader.agent_commands import AgentCommands
-from topicbus.leader.inbound import button_item
 from topicbus.leader.keyboards import parse_callback
 from topicbus.leader.outbound import ScheduledGateway
 from topicbus.leader.press_answers import PressAnswerLane
@@ -108,19 +108,6 @@ def with_choice(message: Rendered | None, label: str) -> Rendered | None:
     return shown if shown.length <= MAX_MESSAGE else None
 
 
-def _stored(message: Rendered | None) -> dict | None:
-    if message is None:
-        return None
-    return {"text": message.text, "entities": [{"type": e.type, "offset": e.offset, "length": e.length,
-                                                "language": e.language, "url": e.url} for e in message.entities]}
-
-
-def _restored(stored: dict | None) -> Rendered | None:
-    if not stored:
-        return None
-    return Rendered(stored["text"], tuple(Entity(**e) for e in stored.get("entities") or []))
-
-
 class ButtonPresses:
     def __init__(self, term: LeaderTerm, router: Router, commands: AgentCommands, gateway: ScheduledGateway,
                  answers: PressAnswerLane):
@@ -166,8 +153,8 @@ class ButtonPresses:
         return await self._choose(press, keyboard, parsed[1], button)
 
     # --- a follower's buttons ---------------------------------------------------------------------
-    async def _choose(self, press: Press, keyboard: Keyboard, index: int, button: dict[str, str]) -> Verdict:
-        label = button["text"]
+    async def _choose(self, press: Press, keyboard: Keyboard, index: int, button: Button) -> Verdict:
+        label = button.text
         if keyboard.answered:
             return await self._answered_before(press, keyboard)
         record = self._router.live_follower(keyboard.binding_key)
@@ -183,12 +170,12 @@ class ButtonPresses:
         if takes is False:
             return Verdict("cannot-take", CANNOT_TAKE, alert=True)
         shown = with_choice(press.message, label)
-        item = button_item(button["data"], press.message_id, press.user_id)
+        item = ButtonItem(button.data, press.message_id, press.user_id)
 
         async def claim(uow: UnitOfWork) -> bool:
             return await KeyboardRepository.claim_tx(uow, keyboard.token, update_id=press.update_id, index=index,
                                                      user_id=press.user_id, now_ms=self._term.now_ms(),
-                                                     message_id=press.message_id, shown=_stored(shown))
+                                                     message_id=press.message_id, shown=shown)
 
         journaled = await self._router.route_bound(press.update_id, keyboard.binding_key, item,
                                                    for_instance=keyboard.instance_id, claim=claim)
@@ -201,7 +188,7 @@ class ButtonPresses:
 
     async def _answered_before(self, press: Press, keyboard: Keyboard) -> Verdict:
         chosen = keyboard.button(keyboard.answered_index)
-        label = chosen["text"] if chosen is not None else "?"
+        label = chosen.text if chosen is not None else "?"
         if keyboard.shown_at_ms is None:
             self._show_later(keyboard.token)  # the edit that shows the choice has not happened yet
         if keyboard.answered_update_id == press.update_id:  # the same press, fetched again after a crash
@@ -240,7 +227,7 @@ class ButtonPresses:
         keyboard = await self._keyboards.get(token)
         if keyboard is None or keyboard.shown_at_ms is not None or keyboard.message_id is None:
             return
-        chosen = _restored(keyboard.shown_text)
+        chosen = keyboard.shown_text
         result = await self._gateway.show_choice(keyboard.chat_id, keyboard.thread_id, keyboard.message_id, chosen)
         if result.outcome is Outcome.REJECTED and chosen is not None:
             # Telegram would not take the text back (entities it refuses): remove the buttons at least.

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from loguru import logger
 
 from topicbus.core.clock import Clock
+from topicbus.core.records import ControlItem, Deliver, InboundItem, Superseded
 from topicbus.leader.inbound import HOLD, InboundScreen
-from topicbus.protocol import deliver_frame, may_deliver
+from topicbus.protocol import may_deliver
 from topicbus.storage.db import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository, parse_delivery_id
 
@@ -39,9 +40,10 @@ PAGE = 500
 class FollowerConnection(Protocol):
     """What the bus transport offers the domain for one follower socket.
 
-    ``send_frame`` queues a frame and returns at once (it raises when the connection is gone or
-    cannot take more); ``congested`` says the queue should not be filled further until
-    ``writable()`` returns (it raises when the connection is dropped meanwhile)."""
+    ``send_frame`` queues a frame (a delivery or a supersession; the transport encodes it) and returns
+    at once (it raises when the connection is gone or cannot take more); ``congested`` says the queue
+    should not be filled further until ``writable()`` returns (it raises when the connection is dropped
+    meanwhile)."""
 
     @property
     def closed(self) -> bool: ...
@@ -51,7 +53,7 @@ class FollowerConnection(Protocol):
 
     async def writable(self) -> None: ...
 
-    async def send_frame(self, frame: dict[str, Any]) -> None: ...
+    async def send_frame(self, frame: Deliver | Superseded) -> None: ...
 
     async def close(self, code: int = 1000, message: str = "") -> None: ...
 
@@ -211,11 +213,11 @@ class DeliveryHub:
         return sent
 
     @staticmethod
-    def _frame(route: _Route, item: JournalItem, payload: dict[str, Any]) -> dict[str, Any]:
-        return deliver_frame(item.delivery_id, route.instance_id, route.generation, payload)
+    def _frame(route: _Route, item: JournalItem, payload: InboundItem) -> Deliver:
+        return Deliver(item.delivery_id, route.instance_id, route.generation, payload)
 
     async def send_now(self, binding_key: str, instance_id: str, generation: str, delivery_id: str,
-                       item: dict[str, Any]) -> bool:
+                       item: ControlItem) -> bool:
         """Send an item that is not journaled (``control``) to exactly this follower generation,
         at once; False when that generation is not the binding's live route (or the socket failed,
         or it did not advertise the item's type). Never sent again: a successor never gets it."""
@@ -224,7 +226,7 @@ class DeliveryHub:
                 or route.generation != generation or not may_deliver(item, route.capabilities)):
             return False
         try:
-            await route.connection.send_frame(deliver_frame(delivery_id, instance_id, generation, item))
+            await route.connection.send_frame(Deliver(delivery_id, instance_id, generation, item))
         except Exception as exc:  # noqa: BLE001 - a dead socket: the caller says it was not sent
             logger.bind(phase="delivery").debug("control send failed: {}", type(exc).__name__)
             return False

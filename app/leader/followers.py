@@ -7,10 +7,10 @@ use case (registration, departure, routing) and turns domain refusals into proto
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 from topicbus import __version__
 from topicbus.bot.gateway import FileStream
+from topicbus.core.records import HeartbeatResult, RegistrationResult, SendResult
 from topicbus.leader.delivery import FollowerConnection
 from topicbus.leader.departure import CleanupUnconfirmed, Departures
 from topicbus.leader.registration import Registrations
@@ -38,13 +38,13 @@ class FollowerDesk:
     def follower_count(self) -> int:
         return len(self._roster)
 
-    async def register(self, req: Registration, connection: FollowerConnection) -> dict[str, Any]:
+    async def register(self, req: Registration, connection: FollowerConnection) -> RegistrationResult:
         return await self._registrations.register(req, connection)
 
-    async def heartbeat(self, req: FollowerRequest) -> dict[str, Any]:
+    async def heartbeat(self, req: FollowerRequest) -> HeartbeatResult:
         return await self._registrations.heartbeat(req)
 
-    async def disconnect(self, req: FollowerRequest) -> dict[str, Any]:
+    async def disconnect(self, req: FollowerRequest) -> None:
         entry = self._registrations.registered(req)
         self._router.stream_ends(entry)
         try:
@@ -56,9 +56,8 @@ class FollowerDesk:
             raise ProtocolError(ErrorCode.BLOCKED_BY_RETIREMENT, str(exc)) from None
         except AuthorityLost:
             raise ProtocolError(ErrorCode.NOT_LEADER, "This process is not the leader (lease lost).") from None
-        return {}
 
-    async def send(self, req: SendRequest) -> dict[str, Any]:
+    async def send(self, req: SendRequest) -> SendResult:
         return await self._router.accept_output(self._registrations.registered(req), req)
 
     async def receipt(self, connection: FollowerConnection, delivery_id: str) -> None:

@@ -1,6 +1,7 @@
 """Inbound items: what the journal keeps for an owner message, and what each follower is given.
 
-The journal keeps one **canonical item** per owner update (built by ``handlers/topic_messages``):
+The journal keeps one **canonical item** per owner update (a record of ``core/records``, built by
+``handlers/topic_messages``):
 
 * ``message``: text, with the ``reply`` context when the owner replied to something;
 * ``media``: every message that carries a file (document, photo, voice, audio, video, video note,
@@ -13,7 +14,7 @@ The journal keeps one **canonical item** per owner update (built by ``handlers/t
 
 At delivery, :func:`adapt_for` gives each follower what it advertised it can take (docs/protocol.md, "Capabilities"):
 
-* ``message`` goes to everyone (a transcribed voice note's ``transcribedFrom`` only to
+* ``message`` goes to everyone (a transcribed voice note's file, ``transcribed_from``, only to
   ``transcript-v1`` followers: the others get the transcript as an ordinary message);
 * ``media`` goes as it is to ``media-v1`` followers. Any other follower gets what documents and photos
   always were: a ``message`` whose ``document`` is the first file that can be downloaded (else the
@@ -33,14 +34,16 @@ after the offline TTL, or a type this follower does not take), or send this item
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from loguru import logger
 
 from topicbus.core.clock import Clock
-from topicbus.protocol import ButtonItem, Capabilities, ControlItem, EditItem, MediaItem, message_item
+from topicbus.core.records import ButtonItem, EditItem, FileRef, InboundItem, MediaItem, MessageItem
 from topicbus.metadata import clean_metadata
+from topicbus.protocol import CAP_TRANSCRIPT, Capabilities
 from topicbus.storage.db import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository
 
@@ -51,35 +54,14 @@ FILE_LABELS = {"document": "file", "photo": "photo", "voice": "voice message", "
                "video": "video", "video_note": "video message", "animation": "animation"}
 
 
-# --- items, validated by the protocol's models ---------------------------------------------------
-def media_item(**fields: Any) -> dict[str, Any]:
-    """A ``media`` delivery item (wire names), validated, every field present."""
-    return MediaItem.model_validate({**fields, "type": "media"}).model_dump(by_alias=True)
-
-
-def edit_item(message_id: int, text: str | None) -> dict[str, Any]:
-    return EditItem.model_validate({"type": "edit", "messageId": message_id, "text": text}).model_dump(by_alias=True)
-
-
-def control_item(action: str, message_id: int | None = None) -> dict[str, Any]:
-    return ControlItem.model_validate({"type": "control", "action": action,
-                                       "messageId": message_id}).model_dump(by_alias=True)
-
-
-def button_item(data: str, message_id: int | None, from_user_id: int | None) -> dict[str, Any]:
-    """A ``button`` delivery item: an owner pressed the button with this ``data`` under ``message_id``."""
-    return ButtonItem.model_validate({"type": "button", "data": data, "messageId": message_id,
-                                      "fromUserId": from_user_id}).model_dump(by_alias=True)
-
-
-def transcript_item(media: Mapping[str, Any], text: str) -> dict[str, Any]:
+# --- items made by the leader ----------------------------------------------------------------------
+def transcript_item(media: MediaItem, text: str) -> MessageItem:
     """A voice note (a one-file ``media`` item) once transcribed: a ``message`` whose text is the
     transcript (cleaned already), with the note's caption, reply context and sender, and the file it
-    was made from (``transcribedFrom``, for ``follow --context``'s file line)."""
-    files = list(media.get("files") or [])
-    return message_item(text=text, caption=media.get("caption"), messageId=media.get("messageId"),
-                        fromUserId=media.get("fromUserId"), fromName=media.get("fromName"), date=media.get("date"),
-                        document=None, reply=media.get("reply"), transcribedFrom=files[0] if files else None)
+    was made from (``transcribed_from``, for ``follow --context``'s file line)."""
+    return MessageItem(text=text, caption=media.caption, message_id=media.message_id,
+                       from_user_id=media.from_user_id, from_name=media.from_name, date=media.date,
+                       reply=media.reply, transcribed_from=media.files[0] if media.files else None)
 
 
 def is_too_large(size: int | None) -> bool:
@@ -87,41 +69,41 @@ def is_too_large(size: int | None) -> bool:
 
 
 # --- what each follower is given ----------------------------------------------------------------
-def adapt_for(item: Mapping[str, Any], capabilities: Capabilities | Iterable[str]) -> dict[str, Any] | None:
+def adapt_for(item: InboundItem, capabilities: Capabilities | Iterable[str]) -> InboundItem | None:
     """The item to send to a follower with these capabilities; None when it gets nothing."""
     caps = Capabilities.of(capabilities)
-    kind = item.get("type")
-    if not isinstance(kind, str):
-        return None
-    if kind == "media" and not caps.may_receive("media"):
+    if isinstance(item, MediaItem) and not caps.may_receive(item.type):
         return media_as_message(item)
-    return caps.delivery_fields(item) if caps.may_receive(kind) else None
+    if not caps.may_receive(item.type):
+        return None
+    if isinstance(item, MessageItem) and item.transcribed_from is not None and CAP_TRANSCRIPT not in caps:
+        return dataclasses.replace(item, transcribed_from=None)
+    return item
 
 
-def media_as_message(item: Mapping[str, Any]) -> dict[str, Any]:
+def media_as_message(item: MediaItem) -> MessageItem:
     """A ``media`` item as a ``message`` for a follower without media-v1: its first downloadable
     file (else its first file) as the ``document``, the caption and the reply context."""
-    files = list(item.get("files") or [])
-    chosen = next((f for f in files if not f.get("tooLarge")), files[0] if files else None)
-    document = None if chosen is None else {k: chosen.get(k) for k in ("fileId", "fileName", "mimeType", "fileSize")}
-    return message_item(text=None, caption=item.get("caption"), messageId=item.get("messageId"),
-                        fromUserId=item.get("fromUserId"), fromName=item.get("fromName"), date=item.get("date"),
-                        document=document, reply=item.get("reply"))
+    chosen = next((f for f in item.files if not f.too_large), item.files[0] if item.files else None)
+    return MessageItem(text=None, caption=item.caption, message_id=item.message_id,
+                       from_user_id=item.from_user_id, from_name=item.from_name, date=item.date,
+                       document=None if chosen is None else chosen.as_document(), reply=item.reply)
 
 
-def combine_album(parts: list[dict[str, Any]]) -> dict[str, Any]:
+def combine_album(parts: Sequence[InboundItem]) -> InboundItem:
     """One ``media`` item from the parts of an album, in the order they were journaled: every
     file, the caption (Telegram puts it on one part), and the first part's message id and sender.
     At most :data:`~topicbus.protocol.MAX_MEDIA_FILES` parts: a longer album is sealed as several
     items (``JournalRepository.seal_group``), so no part is ever left out."""
-    media = [p for p in parts if p.get("type") == "media"] or parts
+    media = [p for p in parts if isinstance(p, MediaItem)]
+    if not media:
+        return parts[0]  # no part carries files (cannot happen for an album): the first, as it is
     first = media[0]
-    files = [f for p in media for f in (p.get("files") or [])]
-    caption = next((p.get("caption") for p in media if p.get("caption")), None)
-    reply = next((p.get("reply") for p in media if p.get("reply")), None)
-    return media_item(files=files, caption=caption, messageId=first.get("messageId"),
-                      fromUserId=first.get("fromUserId"), fromName=first.get("fromName"), date=first.get("date"),
-                      reply=reply)
+    files = tuple(f for p in media for f in p.files)
+    caption = next((p.caption for p in media if p.caption), None)
+    reply = next((p.reply for p in media if p.reply), None)
+    return MediaItem(files=files, caption=caption, message_id=first.message_id, from_user_id=first.from_user_id,
+                     from_name=first.from_name, date=first.date, reply=reply)
 
 
 # --- words for the topic ------------------------------------------------------------------------
@@ -131,13 +113,13 @@ def size_text(size: int | None) -> str:
     return f"{size / (1024 * 1024):.1f} MB"
 
 
-def too_large_files(item: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [f for f in (item.get("files") or []) if f.get("tooLarge")] if item.get("type") == "media" else []
+def too_large_files(item: InboundItem) -> list[FileRef]:
+    return [f for f in item.files if f.too_large] if isinstance(item, MediaItem) else []
 
 
-def too_large_notice(files: list[dict[str, Any]]) -> str:
-    names = ", ".join(f"{FILE_LABELS.get(f.get('kind') or '', 'file')} {clean_metadata(f.get('fileName'), name=True)} "
-                      f"({size_text(f.get('fileSize'))})".replace("  ", " ") for f in files)
+def too_large_notice(files: list[FileRef]) -> str:
+    names = ", ".join(f"{FILE_LABELS.get(f.kind or '', 'file')} {clean_metadata(f.file_name, name=True)} "
+                      f"({size_text(f.file_size)})".replace("  ", " ") for f in files)
     return (f"📎 Too large for the agent: {names}. Telegram lets bots download files up to 20 MB, so the "
             "agent is only told that it was sent. Send a smaller file, or a link to it.")
 
@@ -148,31 +130,31 @@ def duration_text(seconds: int | None) -> str:
     return f" {seconds // 60}:{seconds % 60:02d}"
 
 
-def preview(item: Mapping[str, Any], limit: int = 60) -> str:
+def preview(item: InboundItem, limit: int = 60) -> str:
     """One short line that names an item for the owner (``/queue``, expiry notices)."""
-    kind = item.get("type")
-    if kind == "media":
-        files = list(item.get("files") or [])
+    if isinstance(item, MediaItem):
+        files = item.files
         if len(files) == 1:
             f = files[0]
-            head = f"📎 {FILE_LABELS.get(f.get('kind') or '', 'file')}{duration_text(f.get('duration'))}"
-            if f.get("kind") in ("document", "audio") and clean_metadata(f.get("fileName"), name=True):
-                head += f" {clean_metadata(f.get('fileName'), name=True)}"
+            head = f"📎 {FILE_LABELS.get(f.kind or '', 'file')}{duration_text(f.duration)}"
+            if f.kind in ("document", "audio") and clean_metadata(f.file_name, name=True):
+                head += f" {clean_metadata(f.file_name, name=True)}"
         else:
             head = f"📎 album of {len(files)}"
-        if any(f.get("tooLarge") for f in files):
+        if any(f.too_large for f in files):
             head += " (too large)"
-        body = item.get("caption") or ""
+        body = item.caption or ""
         text = f"{head}: {body}" if body else head
-    elif kind == "edit":
-        text = f"✏️ edit: {item.get('text') or ''}"
-    elif kind == "button":
-        text = f"🔘 button: {item.get('data') or ''}"
+    elif isinstance(item, EditItem):
+        text = f"✏️ edit: {item.text or ''}"
+    elif isinstance(item, ButtonItem):
+        text = f"🔘 button: {item.data or ''}"
+    elif isinstance(item, MessageItem):
+        text = item.text or item.caption or ""
+        if item.document is not None:
+            text = f"📎 {item.document.file_name or 'file'}" + (f": {text}" if text else "")
     else:
-        text = item.get("text") or item.get("caption") or ""
-        document = item.get("document")
-        if isinstance(document, Mapping):
-            text = f"📎 {document.get('fileName') or 'file'}" + (f": {text}" if text else "")
+        text = ""
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
@@ -226,12 +208,12 @@ class InboundScreen:
             return None
         if item.for_instance is not None and instance_id is not None and item.for_instance != instance_id:
             logger.bind(phase="delivery").info("delivery {} ({}) not sent: it was meant for an earlier process",
-                                               item.delivery_id, item.payload.get("type"))
+                                               item.delivery_id, item.payload.type)
             await self._journal.settle(item.seq, binding_key, "skipped", now, self._authority())
             return None
         adapted = adapt_for(item.payload, capabilities)
         if adapted is None:
             logger.bind(phase="delivery").info("delivery {} ({}) not sent: the follower does not take this type",
-                                               item.delivery_id, item.payload.get("type"))
+                                               item.delivery_id, item.payload.type)
             await self._journal.settle(item.seq, binding_key, "skipped", now, self._authority())
         return adapted

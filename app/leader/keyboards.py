@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
-
 from topicbus.bot.gateway import InlineKeys
+from topicbus.core.records import Button
 from topicbus.core.registry import FollowerRecord, FollowerRegistry
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import CAP_BUTTON, CAP_CONTROL
@@ -53,7 +52,7 @@ def parse_callback(data: str | None) -> tuple[str, int] | None:
 def keys(keyboard: Keyboard) -> InlineKeys:
     """The keyboard as the gateway sends it: rows of (label, callback data)."""
     index = iter(range(1_000))
-    return tuple(tuple((button["text"], callback_data(keyboard.token, next(index))) for button in row)
+    return tuple(tuple((button.text, callback_data(keyboard.token, next(index))) for button in row)
                  for row in keyboard.buttons)
 
 
@@ -67,7 +66,7 @@ class Keyboards:
         self._outbox = OutboxRepository(term.db)
 
     async def for_message(self, chat_id: int, thread_id: int | None, *, head_id: int, last_id: int,
-                          buttons: Any, printing: bool) -> Keyboard | None:
+                          buttons: tuple[tuple[Button, ...], ...], printing: bool) -> Keyboard | None:
         """The keyboard of a new output message: the follower's ``buttons`` of its ``head_id`` row,
         else, when ``printing``, the Interrupt button of the process that printed ``last_id``."""
         if buttons:
@@ -76,7 +75,8 @@ class Keyboards:
             return await self.interrupt(chat_id, thread_id, last_id)
         return None
 
-    async def _choice(self, chat_id: int, thread_id: int | None, outbox_id: int, buttons: Any) -> Keyboard | None:
+    async def _choice(self, chat_id: int, thread_id: int | None, outbox_id: int,
+                      buttons: tuple[tuple[Button, ...], ...]) -> Keyboard | None:
         origin = await self._outbox.origin(outbox_id)
         if origin is None:
             return None
@@ -85,11 +85,10 @@ class Keyboards:
         # A registered follower says whether it takes presses; one restored from the previous term (no
         # capabilities known) or gone already is asked again when a press comes.
         takes = CAP_BUTTON in record.capabilities if record is not None and record.capabilities else None
-        rows = [[{"text": str(b["text"]), "data": str(b["data"])} for b in row] for row in buttons]
         return await self.repo.make(kind=CHOICE, outbox_id=outbox_id, binding_key=binding_key,
                                     instance_id=instance_id,
                                     generation=record.registration_generation if record is not None else "",
-                                    takes_presses=takes, chat_id=chat_id, thread_id=thread_id, buttons=rows,
+                                    takes_presses=takes, chat_id=chat_id, thread_id=thread_id, buttons=buttons,
                                     now_ms=self._term.now_ms(), authority=self._term.authority())
 
     async def interrupt(self, chat_id: int, thread_id: int | None, outbox_id: int) -> Keyboard | None:
@@ -104,7 +103,7 @@ class Keyboards:
         return await self.repo.make(kind=INTERRUPT, outbox_id=outbox_id, binding_key=origin[0],
                                     instance_id=record.instance_id, generation=record.registration_generation,
                                     takes_presses=None, chat_id=chat_id, thread_id=thread_id,
-                                    buttons=[[{"text": INTERRUPT_LABEL, "data": INTERRUPT_DATA}]],
+                                    buttons=((Button(INTERRUPT_LABEL, INTERRUPT_DATA),),),
                                     now_ms=self._term.now_ms(), authority=self._term.authority())
 
     def still_interruptible(self, keyboard: Keyboard) -> bool:

@@ -9,10 +9,10 @@ Telegram, so a handler can answer from inside the poll loop without waiting on t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from topicbus.core.budget import Priority
 from topicbus.core.formatting import utf16_len
+from topicbus.core.records import Notice
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import ControlTopic
 from topicbus.storage.bindings import Binding, BindingRepository
@@ -77,12 +77,9 @@ class Notices:
         ``request_id``. Call :meth:`wake` for the binding once the unit of work committed."""
         if not binding.has_live_topic:
             return False
-        payload: dict[str, Any] = {"text": text[:4096]}
-        if reply_to is not None:
-            payload["replyTo"] = reply_to
         await OutboxRepository.enqueue_tx(uow, binding_key=binding.binding_key, chat_id=binding.chat_id,
                                           thread_id=binding.thread_id, instance_id=LEADER_INSTANCE,
-                                          request_id=request_id, kind="notice", payload=payload,
+                                          request_id=request_id, item=Notice(text[:4096], reply_to),
                                           now_ms=self._term.now_ms(), priority=Priority.CONTROL,
                                           units=utf16_len(text[:4096]))
         return True
@@ -148,7 +145,7 @@ class Notices:
         await self._outbox.enqueue(binding_key=binding_key, chat_id=chat_id, thread_id=thread_id,
                                    instance_id=LEADER_INSTANCE,
                                    request_id=request_id or f"notice:{self._term.new_id()}",
-                                   kind="notice", payload={"text": text[:4096]}, now_ms=now,
+                                   item=Notice(text[:4096]), now_ms=now,
                                    authority=authority or self._term.authority(), priority=Priority.CONTROL,
                                    units=utf16_len(text[:4096]), fmt=fmt)
         self._wake(chat_id, thread_id)

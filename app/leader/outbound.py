@@ -43,6 +43,8 @@ from topicbus.core.budget import BudgetConfig, ChatBudget, Priority
 from topicbus.core.formatting import Rendered
 from topicbus.core.output import EditScreen, Idle, OutputConfig, Ping, Single, Unbutton, Wait, plan
 from topicbus.core.press_answers import PressAnswerConfig, scheduler_share
+from topicbus.core.records import ChatActionMessage
+from topicbus.core.status import BudgetStatus
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicKey, TopicOutput
 from topicbus.leader.term import LeaderTerm
@@ -203,14 +205,14 @@ class OutboundScheduler:
                 "topicbus_output_chars_total": stats.units_sent,
                 "topicbus_messages_per_kb": spent / (stats.units_sent / 1000) if stats.units_sent else 0.0}
 
-    def budget_view(self) -> dict[str, Any]:
+    def budget_view(self) -> BudgetStatus:
         """The chat's allowance for status: spent in the last window, the limits, any pause left."""
         now = time.monotonic()
         config = self.budget.config
-        return {"usedLastMinute": self.budget.used(now), "perMinute": config.per_minute,
-                "perSecond": config.per_second, "reserve": config.reserve,
-                "pausedForS": round(max(0.0, self.budget.paused_until - now), 1),
-                "retryAfterHits": self.budget.retry_after_hits}
+        return BudgetStatus(used_last_minute=self.budget.used(now), per_minute=config.per_minute,
+                            per_second=config.per_second, reserve=config.reserve,
+                            paused_for_s=round(max(0.0, self.budget.paused_until - now), 1),
+                            retry_after_hits=self.budget.retry_after_hits)
 
     # --- the loop -------------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -333,7 +335,7 @@ class OutboundScheduler:
             return Priority.BACKGROUND, True
         items = step.items if hasattr(step, "items") else (step.item,)
         priority = min(i.priority for i in items)
-        spends = not (isinstance(step, Single) and step.item.kind == "chatAction")
+        spends = not (isinstance(step, Single) and step.item.kind == ChatActionMessage.type)
         return priority, spends
 
     # --- doing it -----------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ fails only the rows no binding can carry elsewhere.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,6 +35,8 @@ from topicbus.core.budget import Priority
 from topicbus.core.formatting import MAX_CAPTION, Rendered, as_plain, render, split, tail, utf16_len
 from topicbus.core.output import (AsFile, EditScreen, Extend, LiveMessage, NewMessage, NewScreen, OutputConfig, Ping,
                                   QueuedItem, Single, TopicTurn, Unbutton, coalescible, fitting, prompt_only)
+from topicbus.core.records import (Button, ChatActionMessage, DocumentMessage, Notice, OutboxItem, PhotoMessage,
+                                   TextMessage)
 from topicbus.leader.keyboards import Keyboards, keys
 from topicbus.leader.term import LeaderTerm
 from topicbus.retry import Backoff
@@ -124,28 +125,31 @@ class OutputSender:
         return await self._call(priority, key, spends, coro_fn)
 
     async def _single(self, key: TopicKey, topic: TopicOutput, item: QueuedItem, now: float) -> None:
-        payload = (await self._repo.payloads([item.id])).get(item.id, {})
+        payload = (await self._repo.payloads([item.id])).get(item.id)
         chat, thread = key
-        if item.kind == "chatAction":
-            result = await self._send(key, False, lambda: self._gateway.send_chat_action(chat, thread, payload["action"]),
+        if isinstance(payload, ChatActionMessage):
+            action = payload.action
+            result = await self._send(key, False, lambda: self._gateway.send_chat_action(chat, thread, action),
                                       item.priority)
-        else:
-            data = base64.b64decode(payload.get("dataBase64", ""), validate=False)
-            caption = render(payload["caption"], None) if payload.get("caption") else None
-            send = self._gateway.send_photo if item.kind == "photo" else self._gateway.send_document
-            result = await self._send(key, True, lambda: send(chat, thread, payload.get("fileName", "file"), data, caption),
+        elif isinstance(payload, DocumentMessage | PhotoMessage):
+            file = payload
+            caption = render(file.caption, None) if file.caption else None
+            send = self._gateway.send_photo if isinstance(file, PhotoMessage) else self._gateway.send_document
+            result = await self._send(key, True, lambda: send(chat, thread, file.file_name, file.data, caption),
                                       item.priority)
-            if result.outcome is Outcome.REJECTED and item.kind == "photo":
+            if result.outcome is Outcome.REJECTED and isinstance(file, PhotoMessage):
                 # Telegram would not take it as a photo (size, dimensions): the same bytes as a file.
                 result = await self._send(key, True, lambda: self._gateway.send_document(
-                    chat, thread, payload.get("fileName", "file"), data, caption), item.priority)
+                    chat, thread, file.file_name, file.data, caption), item.priority)
+        else:  # gone meanwhile, or a kind this version cannot send (a newer leader stored it)
+            result = CallResult(Outcome.REJECTED, message=f"no {item.kind} payload to send")
         if await self._settle(key, topic, (item,), result):
-            if item.kind != "chatAction":
+            if not isinstance(payload, ChatActionMessage):
                 topic.turn.stream.live = None
                 topic.turn.stream.screen = None
                 self.stats.messages += 1
 
-    async def _texts(self, items: tuple[QueuedItem, ...]) -> tuple[str, dict[int, dict[str, Any]]]:
+    async def _texts(self, items: tuple[QueuedItem, ...]) -> tuple[str, dict[int, OutboxItem]]:
         payloads = await self._repo.payloads([i.id for i in items])
         return "\n".join(_shown_texts(items, payloads)), payloads
 
@@ -160,7 +164,7 @@ class OutputSender:
             # A prompt alone, and the topic's latest message is the live one: it joins that message.
             await self._extend(key, topic, Extend(step.items), now)
             return
-        buttons = payloads.get(head.id, {}).get("buttons") if head.has_buttons else None
+        buttons = _buttons(payloads.get(head.id)) if head.has_buttons else ()
         keyboard = await self._keyboard(key, head.id, step.items[-1].id, buttons, printing=not step.notify)
         markup = keys(keyboard) if keyboard is not None else None
         rendered = render(raw, head.fmt)
@@ -168,13 +172,14 @@ class OutputSender:
         result = CallResult(Outcome.OK)
         message_id: int | None = None
         # A leader notice may answer one message (a voice note's transcript); a notice goes alone.
-        reply_to = payloads.get(head.id, {}).get("replyTo") if head.kind == "notice" else None
+        notice = payloads.get(head.id)
+        reply_to = notice.reply_to if isinstance(notice, Notice) else None
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
             result = await self._send_text(key, part, raw, silent=not step.notify or not last,
                                            markup=markup if last else None,
                                            priority=min(i.priority for i in step.items),
-                                           reply_to=reply_to if index == 0 and isinstance(reply_to, int) else None)
+                                           reply_to=reply_to if index == 0 else None)
             if result.outcome is not Outcome.OK:
                 break
             message_id = result.value if isinstance(result.value, int) else None
@@ -190,7 +195,7 @@ class OutputSender:
             if head.kind == "text":
                 self.stats.units_sent += utf16_len(raw)
 
-    async def _keyboard(self, key: TopicKey, head_id: int, last_id: int, buttons: Any, *,
+    async def _keyboard(self, key: TopicKey, head_id: int, last_id: int, buttons: tuple[tuple[Button, ...], ...], *,
                         printing: bool) -> Keyboard | None:
         """The keyboard a new message carries (``leader/keyboards``); None when there is none or it
         cannot be stored now (the output still goes out)."""
@@ -243,7 +248,7 @@ class OutputSender:
         added, payloads = await self._texts(step.items)
         # The stream stops at a prompt: its last edit, without the button (a tail, a line still being
         # redrawn, is never one).
-        prompt = not _is_tail(payloads.get(step.items[-1].id, {})) and prompt_only(added)
+        prompt = not _is_tail(payloads.get(step.items[-1].id)) and prompt_only(added)
         shown = _without_tail(live)  # empty when the message held only a tail: the line replaces it
         raw = f"{shown}\n{added}" if shown else added
         rendered = render(raw, live.fmt)
@@ -282,14 +287,14 @@ class OutputSender:
         current = (self._live_keyboards if kept is None else kept).get(key)
         if current is not None and current.message_id == message_id and self._keyboards.still_interruptible(current):
             return current
-        return await self._keyboard(key, last_id, last_id, None, printing=True)
+        return await self._keyboard(key, last_id, last_id, (), printing=True)
 
     async def _screen_frame(self, key: TopicKey, topic: TopicOutput, step: NewScreen | EditScreen) -> None:
         """The newest pending frame of a full-screen program: a new screen message, or the screen message
         edited in place. The frames passed over are settled with it (they were never shown); a frame equal
         to what the message shows already costs no call. The message carries the Interrupt button."""
         newest = step.items[-1]
-        raw = (await self._repo.payloads([newest.id])).get(newest.id, {}).get("text", "") or " "
+        raw = _text((await self._repo.payloads([newest.id])).get(newest.id)) or " "
         rendered = (split(render(raw, newest.fmt)) or [Rendered(raw)])[0]  # a screen taller than a message: its top
         chat, thread = key
         now_ms = int(time.monotonic() * 1000)
@@ -314,7 +319,7 @@ class OutputSender:
                 topic.turn.screen_edited(now_ms, raw, newest.arrived_ms)
             return
         notify = isinstance(step, NewScreen) and step.notify
-        keyboard = await self._keyboard(key, step.items[0].id, newest.id, None, printing=True)
+        keyboard = await self._keyboard(key, step.items[0].id, newest.id, (), printing=True)
         markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(key, True, lambda: self._gateway.send_message(chat, thread, rendered, silent=not notify,
                                                                             buttons=markup))
@@ -349,7 +354,7 @@ class OutputSender:
         preview = tail(raw, MAX_CAPTION - 2)
         caption = render(preview, "pre")
         chat, thread = key
-        keyboard = await self._keyboard(key, items[0].id, items[-1].id, None, printing=True)
+        keyboard = await self._keyboard(key, items[0].id, items[-1].id, (), printing=True)
         markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(key, True, lambda: self._gateway.send_document(
             chat, thread, f"output-{stamp}.txt", raw.encode("utf-8", "surrogatepass"), caption, silent=True,
@@ -443,24 +448,33 @@ class OutputSender:
             topic.paused_until = time.monotonic() + topic.backoff.next()
 
 
+# --- what a payload says (None: the row is gone) --------------------------------------------------
+def _text(payload: OutboxItem | None) -> str:
+    return payload.text if isinstance(payload, TextMessage | Notice) else ""
+
+
+def _buttons(payload: OutboxItem | None) -> tuple[tuple[Button, ...], ...]:
+    return payload.buttons if isinstance(payload, TextMessage) else ()
+
+
 # --- tails (tail-v1): a line still being redrawn, replaced by what follows ----------------------------
-def _is_tail(payload: dict[str, Any]) -> bool:
-    return bool(payload.get("tail"))
+def _is_tail(payload: OutboxItem | None) -> bool:
+    return isinstance(payload, TextMessage) and payload.tail
 
 
-def _shown_texts(items: Sequence[QueuedItem], payloads: dict[int, dict[str, Any]]) -> list[str]:
+def _shown_texts(items: Sequence[QueuedItem], payloads: dict[int, OutboxItem]) -> list[str]:
     """The texts of ``items`` as shown: a tail followed by anything is replaced by it (dropped)."""
     last = len(items) - 1
-    return [payloads.get(item.id, {}).get("text", "") for index, item in enumerate(items)
-            if index == last or not _is_tail(payloads.get(item.id, {}))]
+    return [_text(payloads.get(item.id)) for index, item in enumerate(items)
+            if index == last or not _is_tail(payloads.get(item.id))]
 
 
-def _keep_tail(topic: TopicOutput, items: Sequence[QueuedItem], payloads: dict[int, dict[str, Any]]) -> None:
+def _keep_tail(topic: TopicOutput, items: Sequence[QueuedItem], payloads: dict[int, OutboxItem]) -> None:
     """After a send or an edit: the live message's last line is a tail when the last item was one."""
     live = topic.turn.stream.live
     if live is not None:
-        payload = payloads.get(items[-1].id, {})
-        live.tail = payload.get("text", "") if _is_tail(payload) else ""
+        payload = payloads.get(items[-1].id)
+        live.tail = _text(payload) if _is_tail(payload) else ""
 
 
 def _without_tail(live: LiveMessage) -> str:

@@ -34,6 +34,7 @@ from topicbus.core.clock import Clock, SystemClock
 from topicbus.host import ProcessLiveness, current_host_id
 from topicbus.core.budget import BudgetConfig
 from topicbus.core.output import EDIT_INTERVAL_MS, OutputConfig
+from topicbus.core.status import StatusReport
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
 from topicbus.leader.health import LeaderHealth
 from topicbus.leader.notices import restart_text, welcome_text
@@ -147,11 +148,11 @@ class LeaderProcess:
             await self.server.stop()
             await db.close()
 
-    async def _status(self) -> dict[str, Any]:
+    async def _status(self) -> StatusReport:
         services = self.leadership.services if self.leadership is not None else None
         if services is not None:
             return await services.status.snapshot(self.server.role)
-        return {"role": self.server.role, "epoch": self.server.epoch, "followers": [], "bindings": []}
+        return StatusReport(role=self.server.role, epoch=self.server.epoch)
 
     def _health_reasons(self) -> list[str]:
         return self.health.reasons() if self.leadership is not None else []

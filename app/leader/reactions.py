@@ -24,11 +24,11 @@ from typing import Any
 
 from loguru import logger
 
+from topicbus.core.records import MediaItem, MessageItem
 from topicbus.storage.journal import JournalItem
 
 #: ``react(chat_id, message_id, emoji)``: set one reaction; the answer is the gateway's CallResult.
 ReactPort = Callable[[int, int, str], Awaitable[Any]]
-REACTED_ITEMS = frozenset({"message", "media"})
 OFF_VALUES = frozenset({"", "off", "false", "no", "none", "0"})
 QUIET_S = 0.1  # reactions wait for this pause in the receipts...
 MAX_WAIT_S = 2.0  # ...but never longer than this after the first one waiting
@@ -45,9 +45,9 @@ def reacted_messages(items: list[JournalItem]) -> list[int]:
     """The owner message ids that newly delivered rows stand for, each once, in order."""
     ids: dict[int, None] = {}
     for item in items:
-        message_id = item.payload.get("messageId")
-        if item.payload.get("type") in REACTED_ITEMS and isinstance(message_id, int):
-            ids[message_id] = None
+        payload = item.payload
+        if isinstance(payload, MessageItem | MediaItem) and isinstance(payload.message_id, int):
+            ids[payload.message_id] = None
     return list(ids)
 
 

@@ -26,8 +26,8 @@ from topicbus.leader.roster import Roster
 from topicbus.leader.rotation import RotationBlocked, SlotRotation
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import CONTROL_TOPIC_TITLE, ControlTopic, TopicCache, TopicsBeingBound
-from topicbus.protocol import (ErrorCode, FollowerRequest, ProtocolError, Registration, check_compatibility,
-                               superseded_frame)
+from topicbus.core.records import HeartbeatResult, RegistrationResult, Superseded
+from topicbus.protocol import ErrorCode, FollowerRequest, ProtocolError, Registration, check_compatibility
 from topicbus.storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger, Scope
 from topicbus.storage.bindings import BindingRepository, OwnerRecord
 from topicbus.storage.db import AuthorityLost
@@ -53,7 +53,7 @@ class Registrations:
         self.count = 0
 
     # --- followers --------------------------------------------------------------------------------
-    async def register(self, req: Registration, connection: Any) -> dict[str, Any]:
+    async def register(self, req: Registration, connection: Any) -> RegistrationResult:
         reason = check_compatibility(req.protocol)
         if reason is not None:
             raise ProtocolError(ErrorCode.INCOMPATIBLE_PROTOCOL, f"Incompatible bus protocol: {reason}.")
@@ -66,7 +66,7 @@ class Registrations:
             raise ProtocolError(ErrorCode.INVALID_ENVELOPE, f"Invalid workspace identity: {exc}.") from None
         key = identity.binding_key
 
-        async def registration() -> dict[str, Any]:
+        async def registration() -> RegistrationResult:
             return await self._admission.run(
                 f"follower-registration:{req.instance_id}:{req.registration_generation}",
                 "workspace.register-follower", [PROFILE],
@@ -83,7 +83,8 @@ class Registrations:
         except AuthorityLost:
             raise ProtocolError(ErrorCode.NOT_LEADER, "Follower registration lost leader ownership.") from None
 
-    async def _register(self, req: Registration, identity: WorkspaceIdentity, connection: Any) -> dict[str, Any]:
+    async def _register(self, req: Registration, identity: WorkspaceIdentity,
+                        connection: Any) -> RegistrationResult:
         authority = self._term.authority()
         self._pruner.forget_instance(req.instance_id)
         key = identity.binding_key
@@ -118,8 +119,9 @@ class Registrations:
                                  slot=binding.slot, threadId=binding.thread_id, created=created)
         self._term.spawn(self._roster.hub.kick(key))
         self._on_roster_change()
-        return {"chatId": binding.chat_id, "threadId": binding.thread_id, "slot": binding.slot,
-                "displayTitle": binding.title, "bindingKey": key}
+        assert binding.thread_id is not None and binding.slot is not None  # provisioned: a live topic, a letter
+        return RegistrationResult(chat_id=binding.chat_id, thread_id=binding.thread_id, slot=binding.slot,
+                                  display_title=binding.title, binding_key=key)
 
     def registered(self, req: FollowerRequest) -> FollowerRecord:
         """The live registration a generation-bound request belongs to (exact generation)."""
@@ -130,7 +132,7 @@ class Registrations:
             raise ProtocolError(ErrorCode.STALE_GENERATION, "Stale bus follower registration generation.")
         return entry
 
-    async def heartbeat(self, req: FollowerRequest) -> dict[str, Any]:
+    async def heartbeat(self, req: FollowerRequest) -> HeartbeatResult:
         entry = self.registered(req)
         key = entry.binding_key or ""
         if not await self._titles.is_live(key):
@@ -138,7 +140,7 @@ class Registrations:
             self._roster.drop(entry.instance_id)
             raise ProtocolError(ErrorCode.UNKNOWN_INSTANCE, "The follower's topic is gone; register again.")
         self._roster.registry.heartbeat(entry.instance_id, self._term.now_ms())
-        return {"displayTitle": await self._titles.title(key)}
+        return HeartbeatResult(await self._titles.title(key))
 
     async def restore_roster(self) -> int:
         """A new term: followers that owned topics under the previous leader are put back in the
@@ -186,8 +188,8 @@ class Registrations:
 
 async def _tell_superseded(term: LeaderTerm, old: FollowerRecord, conn: Any) -> None:
     try:
-        await conn.send_frame(superseded_frame(old.instance_id,
-                                               "A newer registration with the same workspace identity took over."))
+        await conn.send_frame(Superseded(old.instance_id,
+                                         "A newer registration with the same workspace identity took over."))
     except Exception:  # noqa: BLE001 - the old socket may already be gone
         pass
     term.spawn(conn.close(4001, "superseded"))

@@ -31,6 +31,7 @@ from topicbus.core.retirement import (AcquireFence, AdoptFence, Cancel, Commit, 
                                       next_step)
 from topicbus.core.slots import (Evidence, ExternalEvidence, LocalOccupancy, OccupancyBinding, Protection,
                                  capture_occupancy)
+from topicbus.core.status import FenceStatus, IntentStatus, RotationCandidate, RotationStatus
 from topicbus.core.target import Target
 from topicbus.leader.provisioning import SlotUnavailable
 from topicbus.leader.roster import Roster
@@ -320,22 +321,20 @@ class SlotRotation:
             local, external, self._term.now_ms(), [fence.slot] if fence else [])
         return snapshot, bindings
 
-    async def occupancy(self) -> dict[str, Any]:
+    async def occupancy(self) -> RotationStatus:
         """For status: slots in use, inactive bindings in rotation order, and the fence."""
         intents, fence = await asyncio.gather(self._intents.all(), self._admission.fence())
         snapshot, bindings = await self._snapshot(None, intents, fence)
         order = sorted((c for c in snapshot.candidates if c.inactive_since_ms is not None),
                        key=lambda c: (c.inactive_since_ms, c.slot))
-        return {
-            "slotsUsed": sum(1 for b in bindings.values() if b.slot),
-            "slotsFree": 26 - sum(1 for b in bindings.values() if b.slot),
-            "rotationOrder": [{"slot": c.slot.upper(), "inactiveSinceMs": c.inactive_since_ms,
-                               "protection": str(c.protection)} for c in order],
-            "fence": None if fence is None else {"slot": fence.slot, "phase": fence.phase,
-                                                 "threadId": fence.thread_id},
-            "intents": [{"slot": i.slot, "bindingKey": i.binding_key} for i in intents],
-            "retired": self.retired,
-        }
+        used = sum(1 for b in bindings.values() if b.slot)
+        return RotationStatus(
+            slots_used=used, slots_free=26 - used,
+            rotation_order=tuple(RotationCandidate(c.slot.upper(), c.inactive_since_ms, str(c.protection))
+                                 for c in order),
+            fence=None if fence is None else FenceStatus(fence.slot, fence.phase, fence.thread_id),
+            intents=tuple(IntentStatus(i.slot, i.binding_key) for i in intents),
+            retired=self.retired)
 
 
 def _target(b: Binding) -> Target:

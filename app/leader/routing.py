@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
-
 from loguru import logger
 
 from topicbus.bot.gateway import FileStream
+from topicbus.core.records import EditItem, InboundItem, SendResult, TextMessage
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.startup import StartupWindow, Timers
 from topicbus.leader.delivery import FollowerConnection
@@ -51,7 +49,7 @@ from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES, ErrorCode, ProtocolErro
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.db import Authority, AuthorityLost, UnitOfWork
 from topicbus.storage.journal import JournalItem, JournalRepository
-from topicbus.storage.outbox import OutboxRepository
+from topicbus.storage.outbox import OutboxRepository, item_size
 
 # A follower whose socket dropped (not pruned: its heartbeats were recent) reconnects within seconds;
 # an owner message meanwhile tells the owner it is offline only if it is still absent after this
@@ -65,7 +63,7 @@ TARGET_CACHE_LIMIT = 4096
 ALBUM_WINDOW_S = 1.0  # an album is sealed this long after its last part arrived
 ALBUM_JOB_PREFIX = "topicbus.album:"
 
-Row = tuple[int, str, dict[str, Any], str | None]  # update id, binding key, payload, media group
+Row = tuple[int, str, InboundItem, str | None]  # update id, binding key, payload, media group
 
 
 class LatencyWindow:
@@ -146,7 +144,7 @@ class Router:
                 self._outbound.stream_ends(binding.chat_id, binding.thread_id)
 
     async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
-                                  payload: dict[str, Any], *, media_group: str | None = None) -> RouteResult:
+                                  payload: InboundItem, *, media_group: str | None = None) -> RouteResult:
         """Journal one owner item (message, media, edit) for the binding of its topic, then deliver
         it. ``media_group``: the album this part belongs to (delivered with its album, once)."""
         binding_key = await self.binding_for_topic(chat_id, thread_id)
@@ -276,7 +274,7 @@ class Router:
             return None
         return self._transcriber.verdict(row[2])
 
-    async def route_bound(self, update_id: int, binding_key: str, payload: dict[str, Any], *, for_instance: str,
+    async def route_bound(self, update_id: int, binding_key: str, payload: InboundItem, *, for_instance: str,
                           claim: Callable[[UnitOfWork], Awaitable[bool]]) -> JournalItem | None:
         """Journal a generation-bound item (a button press) for one follower process, in the same
         transaction as ``claim`` (which records that the press was taken: the two commit together or
@@ -303,7 +301,7 @@ class Router:
         files = too_large_files(item.payload)
         if files:
             await self._notices.post(item.binding_key, too_large_notice(files), authority=authority)
-        if item.payload.get("type") == "edit":
+        if isinstance(item.payload, EditItem):
             record = self.live_follower(item.binding_key)
             if record is not None and CAP_EDIT not in record.capabilities:
                 told = (item.binding_key, record.registration_generation)
@@ -399,7 +397,7 @@ class Router:
             yield result.value if result.ok else None
 
     # --- outbound ---------------------------------------------------------------------------------
-    async def accept_output(self, entry: FollowerRecord, req: SendRequest) -> dict[str, Any]:
+    async def accept_output(self, entry: FollowerRecord, req: SendRequest) -> SendResult:
         """Store one follower output item for its own topic (never another one), within the
         follower's outbox cap (``backlog-full`` beyond it: backpressure, nothing stored)."""
         target = entry.target
@@ -408,18 +406,18 @@ class Router:
                 req.thread_id is not None and req.thread_id != target.thread_id):
             raise ProtocolError(ErrorCode.FOREIGN_TARGET, "A follower may only post into its own topic.")
         self._roster.registry.heartbeat(entry.instance_id, self._term.now_ms())
-        message = req.message.model_dump(by_alias=True, exclude_none=True)
-        kind = message.pop("type")
+        item = req.item
         key = entry.binding_key or ""
-        size = len(json.dumps(message, separators=(",", ":")))
+        size = item_size(item)
         await self._check_backlog(key, size)
-        text = message.get("text") or ""
+        text = item if isinstance(item, TextMessage) else None
         try:
             outbox_id, added = await self.outbox.enqueue(
                 binding_key=key, chat_id=target.chat_id, thread_id=target.thread_id,
-                instance_id=entry.instance_id, request_id=req.request_id, kind=kind, payload=message,
-                now_ms=self._term.now_ms(), authority=self._term.authority(), units=utf16_len(text),
-                fmt=message.get("format"), has_buttons=bool(message.get("buttons")))
+                instance_id=entry.instance_id, request_id=req.request_id, item=item,
+                now_ms=self._term.now_ms(), authority=self._term.authority(),
+                units=utf16_len(text.text) if text is not None else 0,
+                fmt=text.format if text is not None else None, has_buttons=bool(text is not None and text.buttons))
         except AuthorityLost:
             raise ProtocolError(ErrorCode.NOT_LEADER, "Leader lost its lease while storing the message.") from None
         if added:
@@ -427,7 +425,7 @@ class Router:
             counted[0] += 1
             counted[1] += size
         self._outbound.wake(target.chat_id, target.thread_id)
-        return {"outboxId": outbox_id}
+        return SendResult(outbox_id)
 
     def stream_ends(self, entry: FollowerRecord) -> None:
         """The follower leaves gracefully: its queued output is the end of its stream, sent as one

@@ -1,9 +1,10 @@
-"""The leader's view for operators: the document behind ``/v1/status``, ``topicbus status`` and /status."""
+"""The leader's view for operators: the report behind ``/v1/status``, ``topicbus status`` and /status
+(``core/status``; ``status_json.py`` writes it as the public JSON)."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from topicbus.core.status import (BindingStatus, CleanupStatus, Counters, FollowerStatus, ObservationStatus,
+                                  StatusReport, TermStatus)
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.leader.outbound import OutboundScheduler
 from topicbus.leader.preferences import Preferences
@@ -34,7 +35,7 @@ class StatusView:
         self._cleanups = CleanupRepository(term.db)
         self._scheduled = ScheduledCleanupRepository(term.db)
 
-    async def snapshot(self, role: str = "leader") -> dict[str, Any]:
+    async def snapshot(self, role: str = "leader") -> StatusReport:
         now = self._term.now_ms()
         followers = self._roster.followers()
         by_binding = {f.binding_key: f for f in followers}
@@ -58,35 +59,35 @@ class StatusView:
                 state = "offline"
             else:
                 state = "preserved" if b.inactive_since_ms is not None else "detached"
-            bindings.append({
-                "bindingKey": b.binding_key, "slot": b.slot, "title": b.title, "threadId": b.thread_id,
-                "kind": b.kind, "cwd": b.cwd, "session": b.session, "state": state, "topicState": b.topic_state,
-                "inactiveSinceMs": b.inactive_since_ms, "queued": queued.get(b.binding_key, 0),
-                "outboxItems": backlog.get((b.chat_id, b.thread_id), (0, 0))[0],
-                "outboxUnits": backlog.get((b.chat_id, b.thread_id), (0, 0))[1],
-                "heartbeatAgeMs": (now - live.last_heartbeat_ms) if live else None,
-                "instanceId": live.instance_id if live else None,
-                "deletesInMs": max(0, ending[b.binding_key].due_at_ms - now) if state == "ending" else None,
-            })
-        return {
-            "role": role, "epoch": self._term.epoch, "chatId": self._term.chat_id,
-            "cleanupPolicy": {True: "on", False: "off", None: "unknown"}[policy],
-            "displayMode": str(self._preferences.display_mode),
-            "controlThreadId": self._control.thread_id,
-            "followers": [{
-                "instanceId": f.instance_id, "slot": f.slot, "threadId": f.target.thread_id if f.target else None,
-                "pid": f.pid, "heartbeatAgeMs": now - f.last_heartbeat_ms, "lastHeartbeatMs": f.last_heartbeat_ms,
-                "workspace": (f.cwd or "") + (f"#{f.session}" if f.session else ""), "bindingKey": f.binding_key,
-                "online": self._roster.hub.is_online(f.binding_key or ""),
-            } for f in followers],
-            "bindings": bindings,
-            "pendingCleanups": [{"id": c.id, "threadId": c.thread_id, "reason": c.reason, "lastError": c.last_error}
-                                for c in await self._cleanups.all()],
-            "pendingObservations": [{"instanceId": o.follower.instance_id, "slot": o.follower.slot,
-                                     "operationId": o.operation_id} for o in self._pruner.pending_observations()],
-            "outboxPending": await self._router.outbox.count_pending(),
-            "budget": self._outbound.budget_view(),
-            "rotation": await self._rotation.occupancy(),
-            "stats": dict(self._router.stats, registrations=self._registrations.count,
-                          delivered=self._roster.hub.delivered, sent=self._outbound.sent),
-        }
+            outbox_items, outbox_units = backlog.get((b.chat_id, b.thread_id), (0, 0))
+            bindings.append(BindingStatus(
+                binding_key=b.binding_key, slot=b.slot, title=b.title, thread_id=b.thread_id, kind=b.kind,
+                cwd=b.cwd, session=b.session, state=state, topic_state=b.topic_state,
+                inactive_since_ms=b.inactive_since_ms, queued=queued.get(b.binding_key, 0),
+                outbox_items=outbox_items, outbox_units=outbox_units,
+                heartbeat_age_ms=(now - live.last_heartbeat_ms) if live else None,
+                instance_id=live.instance_id if live else None,
+                deletes_in_ms=max(0, ending[b.binding_key].due_at_ms - now) if state == "ending" else None))
+        term = TermStatus(
+            chat_id=self._term.chat_id,
+            cleanup_policy={True: "on", False: "off", None: "unknown"}[policy],
+            display_mode=str(self._preferences.display_mode),
+            control_thread_id=self._control.thread_id,
+            pending_cleanups=tuple(CleanupStatus(c.id, c.thread_id, c.reason, c.last_error)
+                                   for c in await self._cleanups.all()),
+            pending_observations=tuple(ObservationStatus(o.follower.instance_id, o.follower.slot, o.operation_id)
+                                       for o in self._pruner.pending_observations()),
+            outbox_pending=await self._router.outbox.count_pending(),
+            budget=self._outbound.budget_view(),
+            rotation=await self._rotation.occupancy(),
+            stats=Counters(routed=self._router.stats["routed"], duplicates=self._router.stats["duplicates"],
+                           ignored=self._router.stats["ignored"], registrations=self._registrations.count,
+                           delivered=self._roster.hub.delivered, sent=self._outbound.sent))
+        return StatusReport(
+            role=role, epoch=self._term.epoch,
+            followers=tuple(FollowerStatus(
+                instance_id=f.instance_id, slot=f.slot, thread_id=f.target.thread_id if f.target else None,
+                pid=f.pid, heartbeat_age_ms=now - f.last_heartbeat_ms, last_heartbeat_ms=f.last_heartbeat_ms,
+                workspace=(f.cwd or "") + (f"#{f.session}" if f.session else ""), binding_key=f.binding_key,
+                online=self._roster.hub.is_online(f.binding_key or "")) for f in followers),
+            bindings=tuple(bindings), term=term)

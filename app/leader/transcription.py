@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from loguru import logger
 
 from topicbus.bot.gateway import CallResult, DownloadInterrupted, FileStream
+from topicbus.core.records import FileRef, InboundItem, MediaItem
 from topicbus.leader.inbound import transcript_item
 from topicbus.leader.notices import Notices
 from topicbus.leader.term import LeaderTerm
@@ -87,18 +87,18 @@ def _clean_transcript(text: str) -> str:
     return _SPACES.sub(" ", clean_metadata(text, limit=TRANSCRIPT_LIMIT)).strip()
 
 
-def voice_file(payload: Mapping[str, Any]) -> dict[str, Any] | None:
+def voice_file(payload: InboundItem) -> FileRef | None:
     """The one file of a voice note or audio message that may be transcribed; None for anything else
     (text, an album, a file over Telegram's 20 MB, other kinds)."""
-    if payload.get("type") != "media":
+    if not isinstance(payload, MediaItem):
         return None
-    files = list(payload.get("files") or [])
-    if len(files) != 1 or files[0].get("kind") not in VOICE_KINDS or files[0].get("tooLarge"):
+    files = payload.files
+    if len(files) != 1 or files[0].kind not in VOICE_KINDS or files[0].too_large:
         return None
-    return dict(files[0])
+    return files[0]
 
 
-def verdict(payload: Mapping[str, Any], options: TranscriptionOptions) -> str | None:
+def verdict(payload: InboundItem, options: TranscriptionOptions) -> str | None:
     """What becomes of an owner item: :data:`TRANSCRIBE` (journal it held and transcribe it), a
     :class:`Cause` (deliver the file and tell the topic why) or None (not a voice note)."""
     file = voice_file(payload)
@@ -106,7 +106,7 @@ def verdict(payload: Mapping[str, Any], options: TranscriptionOptions) -> str | 
         return None
     if options.endpoint is None:
         return Cause.OFF
-    duration, size = file.get("duration"), file.get("fileSize")
+    duration, size = file.duration, file.file_size
     if (isinstance(duration, int) and duration > options.max_s) or (
             isinstance(size, int) and size > options.max_bytes):
         return Cause.TOO_LONG
@@ -139,7 +139,7 @@ class Transcriber:
         self.in_flight = 0  # held notes this term is transcribing or releasing now
 
     # --- routing's questions ---------------------------------------------------------------------
-    def verdict(self, payload: Mapping[str, Any]) -> str | None:
+    def verdict(self, payload: InboundItem) -> str | None:
         """:func:`verdict` for this leader's options: :data:`TRANSCRIBE` (journal it held, then
         :meth:`begin`), a :class:`Cause` (deliver the file and :meth:`tell` the topic) or None."""
         return verdict(payload, self.options)
@@ -210,8 +210,8 @@ class Transcriber:
         try:
             async with asyncio.timeout(timeout):
                 audio = await self._fetch(file)
-                raw = await self._client.transcribe(audio, file_name=str(file.get("fileName") or "voice.ogg"),
-                                                    mime_type=file.get("mimeType"), timeout_s=timeout)
+                raw = await self._client.transcribe(audio, file_name=file.file_name or "voice.ogg",
+                                                    mime_type=file.mime_type, timeout_s=timeout)
         except TimeoutError:
             logger.bind(phase="transcribe").warning("voice note {} not transcribed within {:g} s; "
                                                     "delivered as a file", item.delivery_id, timeout)
@@ -231,11 +231,11 @@ class Transcriber:
             return None, Cause.FAILED, "the transcript is empty"
         return text, Cause.OFF, ""
 
-    async def _fetch(self, file: Mapping[str, Any]) -> bytes:
+    async def _fetch(self, file: FileRef) -> bytes:
         """The note's bytes from Telegram (the one download of this module), read as they stream in
         and given up as soon as they pass the byte cap."""
         too_large = TranscriptionFailed("the voice note is larger than its length allows")
-        async with self._download(str(file.get("fileId") or "")) as result:
+        async with self._download(file.file_id or "") as result:
             stream = result.value if result.ok else None
             if not isinstance(stream, FileStream):
                 raise TranscriptionFailed("the voice note could not be downloaded from Telegram")
@@ -282,14 +282,15 @@ class Transcriber:
         with a transcript, ``🎙 <text>`` is queued as a reply to the note in the same unit of work."""
         authority = self._term.authority()
         binding = await self._bindings.get(item.binding_key)
-        payload = transcript_item(item.payload, text) if text is not None else None
+        note = item.payload
+        payload = transcript_item(note, text) if text is not None and isinstance(note, MediaItem) else None
         echoed = False
         async with self._term.unit_of_work(authority) as uow:
             released = await JournalRepository.release_held_tx(uow, item.seq, item.binding_key, payload)
             if released and text is not None and binding is not None:
                 shown = text if len(text) <= ECHO_LIMIT else text[:ECHO_LIMIT - 1] + "…"
                 echoed = await self._notices.post_tx(uow, binding, f"🎙 {shown}", request_id=f"transcript:{item.seq}",
-                                                     reply_to=item.payload.get("messageId"))
+                                                     reply_to=note.message_id if isinstance(note, MediaItem) else None)
         if echoed and binding is not None:
             self._notices.wake(binding)
         return released

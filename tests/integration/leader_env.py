@@ -21,8 +21,9 @@ from topicbus.leader.term import LeaderTerm
 from topicbus.storage.bindings import Binding, BindingRepository
 from topicbus.core.liveness import Liveness
 from topicbus.logsetup import EventJournal
+from topicbus.core.records import Deliver, Superseded
 from topicbus.protocol import (ProtocolError, Registration, decode_frame, disconnect_frame, encode, follower_identity,
-                               heartbeat_frame, register_frame)
+                               heartbeat_frame, leader_frame, register_frame, wire_result)
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.display import DisplayMode
 from topicbus.storage.db import Authority, Database
@@ -48,7 +49,8 @@ class ManualClock:
 
 @dataclass
 class MemoryConnection:
-    """The FollowerConnection port in memory: records frames the leader sends to one follower."""
+    """The FollowerConnection port in memory: records frames the leader sends to one follower, as they
+    go on the wire (the bus transport's converter)."""
 
     frames: list[dict[str, Any]] = field(default_factory=list)
     closed: bool = False
@@ -58,10 +60,10 @@ class MemoryConnection:
         if self.closed:
             raise ConnectionError("closed")
 
-    async def send_frame(self, frame: dict[str, Any]) -> None:
+    async def send_frame(self, frame: Deliver | Superseded) -> None:
         if self.closed:
             raise ConnectionError("closed")
-        self.frames.append(frame)
+        self.frames.append(leader_frame(frame))
 
     async def close(self, code: int = 1000, message: str = "") -> None:
         self.closed = True
@@ -79,14 +81,15 @@ def registration(instance_id: str, *, cwd: str | None = "/repo/a", generation: s
                            name=name)
     if protocol is None:
         del frame["protocol"]
-    _, model, _ = decode_frame(encode(frame))
+    model = decode_frame(encode(frame))
+    assert isinstance(model, Registration)
     return model
 
 
 def fenced(kind: str, instance_id: str, generation: str | None, **extra: Any):
     build = {"follower.heartbeat": heartbeat_frame, "follower.disconnect": disconnect_frame}[kind]
     frame = {**build(f"{instance_id}:{uuid.uuid4().hex[:6]}", instance_id, generation), **extra}
-    return decode_frame(encode(frame))[1]
+    return decode_frame(encode(frame))
 
 
 class LeaderEnv:
@@ -170,9 +173,10 @@ class LeaderEnv:
             self.db = None
 
     async def register(self, instance_id: str, **kwargs: Any) -> dict[str, Any]:
+        """Register a follower; the ack's ``result`` as the follower reads it."""
         assert self.services is not None
         conn = self.connections.setdefault(instance_id, MemoryConnection())
-        return await self.services.followers.register(registration(instance_id, **kwargs), conn)
+        return wire_result(await self.services.followers.register(registration(instance_id, **kwargs), conn))
 
     async def register_error(self, instance_id: str, **kwargs: Any) -> ProtocolError:
         try:

@@ -16,12 +16,13 @@ import aiohttp
 
 from topicbus.bus.guard import ACCEPT_ERROR_MESSAGE, ConnectionGuard, Throttle
 from topicbus.bus.server import BusLimits, BusServer
+from topicbus.core.status import StatusReport
 
 SECRET = "guard-secret-value"
 
 
-async def _status() -> dict:
-    return {"role": "leader"}
+async def _status() -> StatusReport:
+    return StatusReport(role="leader", epoch=1)
 
 
 def _server(**limits) -> BusServer:
@@ -169,8 +170,10 @@ EMFILE_SCRIPT = textwrap.dedent("""
     from loguru import logger
     from topicbus.bus.server import BusLimits, BusServer
 
+    from topicbus.core.status import StatusReport
+
     async def status():
-        return {}
+        return StatusReport(role="leader", epoch=1)
 
     async def main():
         logger.remove()

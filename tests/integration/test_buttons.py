@@ -29,7 +29,7 @@ async def say(env: LeaderEnv, instance_id: str, text: str, *, generation: str = 
               buttons: list[list[dict[str, str]]] | None = None) -> None:
     message = text_message(text) | ({"buttons": buttons} if buttons else {})
     frame = send_frame(f"{instance_id}:{uuid.uuid4().hex[:6]}", instance_id, generation, message)
-    await env.services.followers.send(decode_frame(encode(frame))[1])
+    await env.services.followers.send(decode_frame(encode(frame)))
 
 
 async def posted(env: LeaderEnv, thread: int, text: str) -> SentMessage:

@@ -18,7 +18,7 @@ GRACE_S = 600.0
 
 async def say(env: LeaderEnv, instance_id: str, generation: str, text: str) -> None:
     frame = send_frame(f"{instance_id}:{uuid.uuid4().hex[:6]}", instance_id, generation, text_message(text))
-    await env.services.followers.send(decode_frame(encode(frame))[1])
+    await env.services.followers.send(decode_frame(encode(frame)))
 
 
 async def drained(env: LeaderEnv) -> None:
@@ -50,8 +50,8 @@ async def test_a_disconnected_agents_topic_stays_for_its_grace_period_then_goes(
     assert await BindingRepository(env.db).owner(binding.binding_key) is None  # offline, like a kept topic
     [scheduled] = await env.services.departures.scheduled.pending()
     assert scheduled.due_at_ms == env.clock.now_ms() + GRACE_S * 1000
-    [row] = [b for b in (await env.services.status.snapshot())["bindings"] if b["threadId"] == thread]
-    assert row["state"] == "ending" and row["deletesInMs"] == GRACE_S * 1000  # /status: "ends in 10m"
+    [row] = [b for b in (await env.services.status.snapshot()).bindings if b.thread_id == thread]
+    assert row.state == "ending" and row.deletes_in_ms == GRACE_S * 1000  # /status: "ends in 10m"
 
     env.clock.advance(int(GRACE_S * 1000) - 1)
     assert await env.services.departures.scheduled.run_due() == 0

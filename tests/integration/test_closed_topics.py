@@ -30,7 +30,7 @@ async def _failed_delete(env: LeaderEnv, cwd: str = "/w") -> int:
 async def _send(env: LeaderEnv, instance: str, generation: str, text: str) -> None:
     assert env.services is not None
     frame = send_frame(f"{instance}:{text}", instance, generation, text_message(text))
-    await env.services.followers.send(decode_frame(encode(frame))[1])
+    await env.services.followers.send(decode_frame(encode(frame)))
 
 
 async def test_a_closed_topic_is_reopened_before_the_workspace_is_bound_to_it_again(env: LeaderEnv):
@@ -104,7 +104,7 @@ async def test_output_refused_by_a_closed_topic_reopens_it_and_is_sent_again(env
     # the topic is reopened and the same file sent again.
     assert env.services is not None
     frame = send_frame("a:report", "a", "g1", document_message("report.txt", b"all green"))
-    await env.services.followers.send(decode_frame(encode(frame))[1])
+    await env.services.followers.send(decode_frame(encode(frame)))
     await env.fake.wait_for(lambda: [m.document_bytes for m in env.fake.messages_in(CHAT, thread)
                                      if m.kind == "document"] == [b"all green"], timeout=10)
     assert [c.params["message_thread_id"] for c in env.calls("reopenForumTopic")] == [thread]
@@ -120,7 +120,7 @@ async def test_an_image_goes_out_as_a_photo_and_one_telegram_cannot_take_as_a_fi
         photo = {**document_message(name, data, caption=name), "type": "photo"}
         frame = send_frame(f"a:{name}", "a", "g1", photo)
         assert env.services is not None
-        await env.services.followers.send(decode_frame(encode(frame))[1])
+        await env.services.followers.send(decode_frame(encode(frame)))
     await env.fake.wait_for(lambda: len(env.fake.messages_in(CHAT, thread)) == 2, timeout=10)
     chart, broken = env.fake.messages_in(CHAT, thread)
     assert (chart.kind, chart.caption) == ("photo", "chart.png")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+
 
 import pytest
 
@@ -19,7 +19,8 @@ from tests.integration.leader_env import MemoryConnection
 from tests.integration.store_env import StoreEnv
 from topicbus.leader import delivery
 from topicbus.leader.delivery import DeliveryHub
-from topicbus.leader.inbound import InboundScreen, combine_album, control_item, edit_item, media_item
+from topicbus.core.records import ControlItem, Deliver, EditItem, FileRef, MediaItem, MessageItem, Superseded
+from topicbus.leader.inbound import InboundScreen, combine_album
 from topicbus.protocol import CAP_CONTROL
 from topicbus.storage.db import AuthorityLost
 from topicbus.storage.journal import JournalItem, JournalRepository
@@ -34,7 +35,7 @@ class SlowConnection(MemoryConnection):
     go: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def send_frame(self, frame: dict[str, Any]) -> None:
+    async def send_frame(self, frame: Deliver | Superseded) -> None:
         self.waiting.set()
         await self.go.wait()
         await super().send_frame(frame)
@@ -47,7 +48,7 @@ class BrokenConnection(MemoryConnection):
     fail_at: int = 1
     attempts: int = 0
 
-    async def send_frame(self, frame: dict[str, Any]) -> None:
+    async def send_frame(self, frame: Deliver | Superseded) -> None:
         self.attempts += 1
         if self.attempts == self.fail_at:
             raise ConnectionResetError("socket reset")
@@ -79,7 +80,7 @@ async def journal(store: StoreEnv, *rows: tuple) -> list[JournalItem]:
     entries = []
     for n, row in enumerate(rows, start=first + 1):
         key, body, *group = row
-        payload = {"type": "message", "text": body} if isinstance(body, str) else body
+        payload = MessageItem(text=body) if isinstance(body, str) else body
         entries.append((n, key, payload, *group))
     return await JournalRepository(store.db).append_many(entries, store.clock.now_ms(), store.authority)
 
@@ -143,8 +144,8 @@ async def test_a_backlog_longer_than_a_page_is_sent_whole_in_order(store: StoreE
 
 # --- what the screen decides per row ----------------------------------------------------------------
 
-def photo(file_id: str) -> dict:
-    return media_item(files=[{"fileId": file_id, "fileName": f"{file_id}.jpg", "kind": "photo"}], messageId=1)
+def photo(file_id: str) -> MediaItem:
+    return MediaItem(files=(FileRef(file_id=file_id, file_name=f"{file_id}.jpg", kind="photo"),), message_id=1)
 
 
 async def test_an_album_still_gathering_holds_back_everything_after_it(store: StoreEnv):
@@ -166,7 +167,7 @@ async def test_rows_a_follower_is_not_given_are_settled_and_never_block_the_rest
     hub = hub_of(store, offline_ttl_ms=60_000)
     (old,) = await journal(store, (A, "typed an hour ago"))
     store.clock.advance(3_600_000)
-    await journal(store, (A, edit_item(7, "an edit")), (A, "fresh"))
+    await journal(store, (A, EditItem(7, "an edit")), (A, "fresh"))
     conn = MemoryConnection()
     hub.attach(A, "inst-a", "g1", conn)  # no edit-v1
     assert not hub._screen.expired.is_set()  # noqa: SLF001 - the screen the hub was given
@@ -364,16 +365,17 @@ async def test_a_term_that_lost_its_lease_records_no_receipt_and_settles_no_row(
 async def test_send_now_reaches_only_the_live_generation_that_takes_it_and_is_never_journaled(
         store: StoreEnv):
     hub = hub_of(store)
-    kill = control_item("kill")
+    kill = ControlItem("kill")
     conn = MemoryConnection()
     assert not await hub.send_now(A, "inst-a", "g1", "c-1", kill)  # no route yet
     hub.attach(A, "inst-a", "g1", conn, frozenset({CAP_CONTROL}))
     assert not await hub.send_now(A, "inst-a", "g0", "c-1", kill)  # an earlier generation
     assert not await hub.send_now(A, "inst-b", "g1", "c-1", kill)  # another process
-    assert not await hub.send_now(A, "inst-a", "g1", "c-1", {"type": "button", "data": "x"})  # not advertised
+    assert not await hub.send_now(A, "inst-a", "g1", "c-1", ControlItem("screen"))  # screen-v1 not advertised
     assert await hub.send_now(A, "inst-a", "g1", "c-1", kill)
     assert conn.deliveries() == [{"kind": "leader.deliver", "requestId": "c-1", "deliveryId": "c-1",
-                                  "instanceId": "inst-a", "registrationGeneration": "g1", "item": kill}]
+                                  "instanceId": "inst-a", "registrationGeneration": "g1",
+                                  "item": {"type": "control", "action": "kill", "messageId": None}}]
     broken = BrokenConnection(fail_at=1)
     hub.attach(A, "inst-a", "g2", broken, frozenset({CAP_CONTROL}))
     assert not await hub.send_now(A, "inst-a", "g2", "c-2", kill)  # the socket failed: the caller says so

@@ -174,8 +174,8 @@ async def test_heartbeat_answers_the_current_title_after_a_change(env: LeaderEnv
     services = await env.start()
     r = await env.register("a", cwd="/work/alpha-beta", pid=5)
     beat = fenced(Kind.HEARTBEAT, "a", "g1")
-    assert (await services.followers.heartbeat(beat))["displayTitle"] == r["slot"]
+    assert (await services.followers.heartbeat(beat)).display_title == r["slot"]
     await services.control_desk.set_display_mode(DisplayMode.DIRECTORY_TITLE)
-    assert (await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1")))["displayTitle"] == "Alpha Beta"
+    assert (await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1"))).display_title == "Alpha Beta"
     await services.topics.renamed(CHAT, r["threadId"], "Renamed by owner")
-    assert (await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1")))["displayTitle"] == "Renamed by owner"
+    assert (await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1"))).display_title == "Renamed by owner"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import aiohttp
 
 from topicbus.bus.server import BusServer
+from topicbus.core.status import StatusReport
 
 
 async def test_healthz_reports_role_and_is_503_until_polling():
@@ -36,5 +37,5 @@ async def test_healthz_reports_role_and_is_503_until_polling():
         await server.stop()
 
 
-async def _status():
-    return {"role": "leader"}
+async def _status() -> StatusReport:
+    return StatusReport(role="leader", epoch=4)

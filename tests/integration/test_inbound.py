@@ -13,6 +13,7 @@ import pytest
 
 from topicbus import handlers
 from topicbus.bot.poller import UpdatePoller
+from topicbus.core.records import MessageItem
 from topicbus.leader.assembly import LeaderServices
 from topicbus.leader.routing import EDITS_NOT_TAKEN
 from topicbus.protocol import Capabilities, follower_identity
@@ -435,7 +436,7 @@ async def test_a_reserved_command_flushes_the_batch_before_it_and_a_failed_flush
         journal.append_many = real_append  # type: ignore[method-assign]
         raise StorageUnavailable("database is locked")
 
-    text = {"type": "message", "text": "before", "messageId": 1}
+    text = MessageItem(text="before", message_id=1)
     async with router.inbound_batch():
         await router.route_owner_message(1, CHAT, r["threadId"], text)
         journal.append_many = unavailable_once  # type: ignore[method-assign]

@@ -16,6 +16,8 @@ import pytest
 from tests.integration.store_env import StoreEnv
 from topicbus.core.budget import Priority
 from topicbus.core.output import QueuedItem
+from topicbus.core.records import (Button, ChatActionMessage, DocumentMessage, Notice, OutboxItem, PhotoMessage,
+                                   TextMessage)
 from topicbus.storage.db import AuthorityLost
 from topicbus.storage.outbox import OutboxRepository, TopicBacklog
 
@@ -33,12 +35,13 @@ class Outbox:
         self._n = 0
 
     async def add(self, *, key: str = A, chat: int = CHAT, thread: int | None = 5, instance: str = "inst-a",
-                  request: str | None = None, kind: str = "text", payload: dict | None = None, **extra) -> int:
+                  request: str | None = None, kind: str = "text", item: OutboxItem | None = None, **extra) -> int:
         self._n += 1
+        default = Notice(f"item {self._n}") if kind == "notice" else TextMessage(f"item {self._n}")
         item_id, added = await self.repo.enqueue(
             binding_key=key, chat_id=chat, thread_id=thread, instance_id=instance, request_id=request or f"r{self._n}",
-            kind=kind, payload=payload if payload is not None else {"text": f"item {self._n}"},
-            now_ms=self.store.clock.now_ms(), authority=self.store.authority, **extra)
+            item=item if item is not None else default, now_ms=self.store.clock.now_ms(),
+            authority=self.store.authority, **extra)
         assert added
         return item_id
 
@@ -66,16 +69,44 @@ async def bind(store: StoreEnv, key: str, thread: int) -> None:
 
 # --- storing ---------------------------------------------------------------------------------------
 
+STORED = [  # each item, as its row holds it: the kind and payload every release wrote (0.2 and 0.3 too)
+    (TextMessage("hi"), "text", {"text": "hi"}),
+    (TextMessage("top", "pre", ((Button("Yes", "y"),),), tail=True, screen=True), "text",
+     {"text": "top", "format": "pre", "buttons": [[{"text": "Yes", "data": "y"}]], "tail": True, "screen": True}),
+    (ChatActionMessage("typing"), "chatAction", {"action": "typing"}),
+    (DocumentMessage("r.txt", b"\x00\xff", "c"), "document", {"fileName": "r.txt", "dataBase64": "AP8=", "caption": "c"}),
+    (PhotoMessage("p.png", b"png"), "photo", {"fileName": "p.png", "dataBase64": "cG5n"}),
+    (Notice("⏹ done", reply_to=4), "notice", {"text": "⏹ done", "replyTo": 4}),
+]
+
+
+@pytest.mark.parametrize("item, kind, payload", STORED, ids=[f"{k}-{i}" for i, (_, k, _) in enumerate(STORED)])
+async def test_items_are_stored_in_the_shape_every_release_wrote_and_read_back(outbox: Outbox, item: OutboxItem,
+                                                                             kind: str, payload: dict):
+    written = await outbox.add(item=item)
+    assert await outbox.repo.payloads([written]) == {written: item}
+    row = await outbox.row(written)
+    assert (row["kind"], json.loads(row["payload"])) == (kind, payload)
+    # A row an earlier release wrote reads as the same item (its kind as the item's type).
+    async with outbox.store.db.unit_of_work(outbox.store.authority) as uow:
+        older = await uow.insert(
+            """INSERT INTO outbox (binding_key, chat_id, thread_id, instance_id, request_id, kind, priority, units,
+                   bytes, payload, created_at_ms) VALUES (?, ?, 5, 'inst-0.3', 'r', ?, 0, 0, 0, ?, 0)""",
+            (A, CHAT, kind, json.dumps(payload)))
+    assert await outbox.repo.payloads([older]) == {older: item}
+    assert [h.kind for h in await outbox.repo.heads(CHAT, 5) if h.id == older] == [item.type]
+
+
 async def test_an_item_is_stored_once_per_instance_and_request(outbox: Outbox):
     repo, now, authority = outbox.repo, outbox.store.clock.now_ms(), outbox.store.authority
-    common = dict(binding_key=A, chat_id=CHAT, thread_id=5, kind="text", now_ms=now, authority=authority)
-    first = await repo.enqueue(instance_id="inst-a", request_id="r1", payload={"text": "hello"}, **common)
+    common = dict(binding_key=A, chat_id=CHAT, thread_id=5, now_ms=now, authority=authority)
+    first = await repo.enqueue(instance_id="inst-a", request_id="r1", item=TextMessage("hello"), **common)
     # The follower retried the same send (its acknowledgement was lost), even with another body.
-    retry = await repo.enqueue(instance_id="inst-a", request_id="r1", payload={"text": "hello again"}, **common)
+    retry = await repo.enqueue(instance_id="inst-a", request_id="r1", item=TextMessage("hello again"), **common)
     assert first[1] and retry == (first[0], False)
-    assert await repo.payloads([first[0]]) == {first[0]: {"text": "hello"}}  # the first body stays
-    other_instance = await repo.enqueue(instance_id="inst-b", request_id="r1", payload={"text": "b"}, **common)
-    other_request = await repo.enqueue(instance_id="inst-a", request_id="r2", payload={"text": "c"}, **common)
+    assert await repo.payloads([first[0]]) == {first[0]: TextMessage("hello")}  # the first body stays
+    other_instance = await repo.enqueue(instance_id="inst-b", request_id="r1", item=TextMessage("b"), **common)
+    other_request = await repo.enqueue(instance_id="inst-a", request_id="r2", item=TextMessage("c"), **common)
     assert other_instance[1] and other_request[1]
     assert len({first[0], other_instance[0], other_request[0]}) == 3
     assert await repo.count_pending() == 3
@@ -83,19 +114,19 @@ async def test_an_item_is_stored_once_per_instance_and_request(outbox: Outbox):
 
 async def test_heads_carry_what_the_scheduler_plans_with_and_payloads_what_it_sends(outbox: Outbox):
     outbox.store.clock.advance(500)
-    plain = await outbox.add(payload={"text": "plain"})
-    notice = await outbox.add(kind="notice", payload={"text": "⏹ process ended", "emoji": "🙂"},
-                              priority=Priority.CONTROL, units=16, fmt="markdown", has_buttons=True)
+    plain = await outbox.add(item=TextMessage("plain"))
+    notice = await outbox.add(item=Notice("⏹ process ended", reply_to=12), priority=Priority.CONTROL, units=16,
+                              fmt="markdown", has_buttons=True)
     heads = await outbox.repo.heads(CHAT, 5)
     assert heads == [QueuedItem(plain, "text", 0, None, Priority.OUTPUT, arrived_ms=1_500, has_buttons=False),
                      QueuedItem(notice, "notice", 16, "markdown", Priority.CONTROL, arrived_ms=1_500,
                                 has_buttons=True)]
     assert isinstance(heads[1].priority, Priority)
-    assert await outbox.repo.payloads([notice, 9_999]) == {notice: {"text": "⏹ process ended", "emoji": "🙂"}}
+    assert await outbox.repo.payloads([notice, 9_999]) == {notice: Notice("⏹ process ended", reply_to=12)}
     assert await outbox.repo.payloads([]) == {}
     # The byte count is the stored body's: what the backlog bound is measured in.
     bodies = [json.dumps(p, separators=(",", ":")) for p in ({"text": "plain"},
-                                                             {"text": "⏹ process ended", "emoji": "🙂"})]
+                                                             {"text": "⏹ process ended", "replyTo": 12})]
     assert await outbox.repo.backlog_of(A) == (2, sum(len(b) for b in bodies))
 
 
@@ -194,16 +225,17 @@ async def test_a_binding_moving_to_a_new_topic_takes_only_its_undelivered_rows(o
 
 async def test_backlogs_count_pending_rows_only(outbox: Outbox):
     authority = outbox.store.authority
-    a1 = await outbox.add(key=A, payload={"t": "aaaa"})
-    await outbox.add(key=A, payload={"t": "bb"})
-    b1 = await outbox.add(key=B, payload={"t": "c"})
-    await outbox.add(key="binding-c", payload={"t": "d"}, thread=6)
+    a1 = await outbox.add(key=A, item=TextMessage("aaaa"))
+    await outbox.add(key=A, item=TextMessage("bb"))
+    b1 = await outbox.add(key=B, item=TextMessage("c"))
+    await outbox.add(key="binding-c", item=TextMessage("d"), thread=6)
     await outbox.repo.mark_sent([a1], 2_000, 1, authority)
     await outbox.repo.mark_failed(b1, "refused", authority)
-    assert await outbox.repo.backlog_of(A) == (1, len('{"t":"bb"}'))
+    assert await outbox.repo.backlog_of(A) == (1, len('{"text":"bb"}'))
     assert await outbox.repo.backlog_of(B) == (0, 0)
     assert await outbox.repo.backlog_of("unknown") == (0, 0)
-    assert await outbox.repo.backlog_by_binding() == {A: (1, len('{"t":"bb"}')), "binding-c": (1, len('{"t":"d"}'))}
+    assert await outbox.repo.backlog_by_binding() == {A: (1, len('{"text":"bb"}')),
+                                                       "binding-c": (1, len('{"text":"d"}'))}
     assert await outbox.repo.pending_binding_keys() == {A, "binding-c"}
     assert await outbox.repo.count_pending() == 2
     assert (await outbox.repo.pending_in(CHAT, 5), await outbox.repo.pending_in(CHAT, 6)) == (1, 1)
@@ -235,9 +267,9 @@ async def test_every_write_under_a_stale_authority_is_refused_and_changes_nothin
     stale = await store.take_over()
     writes = [
         lambda: repo.enqueue(binding_key=A, chat_id=CHAT, thread_id=5, instance_id="inst-a", request_id="late",
-                             kind="text", payload={"text": "late"}, now_ms=store.clock.now_ms(), authority=stale),
+                             item=TextMessage("late"), now_ms=store.clock.now_ms(), authority=stale),
         lambda: repo.enqueue(binding_key=A, chat_id=CHAT, thread_id=5, instance_id="inst-a", request_id="r1",
-                             kind="text", payload={}, now_ms=store.clock.now_ms(), authority=stale),  # a retry too
+                             item=TextMessage(""), now_ms=store.clock.now_ms(), authority=stale),  # a retry too
         lambda: repo.mark_sent([second], 3_000, 2, stale),
         lambda: repo.mark_failed(second, "refused", stale),
         lambda: repo.note_attempt(second, "retry", stale),

@@ -4,15 +4,15 @@ sent again once as the plain source. A leader with its real outbound scheduler a
 
 from __future__ import annotations
 
-from topicbus.protocol import Kind, decode_frame, encode, send_frame, text_message
+from topicbus.protocol import SendRequest, decode_frame, encode, send_frame, text_message
 from tests.integration.leader_env import CHAT, LeaderEnv
 
 
 async def _send(env: LeaderEnv, text: str, fmt: str, request: str) -> None:
     assert env.services is not None
     frame = send_frame(request, "a", "g1", {**text_message(text), "format": fmt})
-    kind, model, _ = decode_frame(encode(frame))
-    assert kind is Kind.SEND
+    model = decode_frame(encode(frame))
+    assert isinstance(model, SendRequest)
     await env.services.followers.send(model)
 
 

@@ -13,14 +13,14 @@ import pytest
 
 from topicbus.core.budget import BudgetConfig
 from topicbus.core.output import OutputConfig
-from topicbus.protocol import ErrorCode, Kind, ProtocolError, decode_frame, encode, send_frame, text_message
+from topicbus.protocol import ErrorCode, ProtocolError, SendRequest, decode_frame, encode, send_frame, text_message
 from tests.integration.leader_env import CHAT, Hold, LeaderEnv
 
 
 async def _send(env: LeaderEnv, instance: str, generation: str, text: str, request: str) -> None:
     assert env.services is not None
-    kind, model, _ = decode_frame(encode(send_frame(request, instance, generation, text_message(text))))
-    assert kind is Kind.SEND
+    model = decode_frame(encode(send_frame(request, instance, generation, text_message(text))))
+    assert isinstance(model, SendRequest)
     await env.services.followers.send(model)
 
 
@@ -153,7 +153,8 @@ async def test_output_sent_while_the_owner_spoke_is_never_grown_to_hold_the_answ
 async def _send_tail(env: LeaderEnv, instance: str, generation: str, text: str, request: str) -> None:
     assert env.services is not None
     message = {**text_message(text), "tail": True}  # tail-v1: a line still being redrawn
-    kind, model, _ = decode_frame(encode(send_frame(request, instance, generation, message)))
+    model = decode_frame(encode(send_frame(request, instance, generation, message)))
+    assert isinstance(model, SendRequest)
     await env.services.followers.send(model)
 
 

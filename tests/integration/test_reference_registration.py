@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from topicbus.core.records import HeartbeatResult
 from topicbus.protocol import ErrorCode, Kind
 from topicbus.core.target import Target
 from topicbus.storage.db import Authority
@@ -81,7 +82,7 @@ async def test_case4_registers_and_heartbeats(env: LeaderEnv):
     await env.register("inst-a")
     assert services.roster.registry.get("inst-a").last_heartbeat_ms == env.clock.now_ms()
     env.clock.advance(500)
-    assert "displayTitle" in await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "inst-a", "g1"))
+    assert isinstance(await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "inst-a", "g1")), HeartbeatResult)
     assert services.roster.registry.get("inst-a").last_heartbeat_ms == env.clock.now_ms()
     for generation, code in ((None, ErrorCode.STALE_GENERATION), ("other", ErrorCode.STALE_GENERATION)):
         try:

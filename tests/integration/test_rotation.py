@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from topicbus.core.records import MessageItem
 from topicbus.protocol import ErrorCode
 from topicbus.leader import outbound
 from topicbus.leader.rotation import SimulatedCrash
@@ -117,7 +118,7 @@ async def test_case45_binding_with_accepted_work_is_skipped(off: LeaderEnv):
     await env.start()
     olds = await fill(env)
     # the oldest has an undelivered owner message: accepted work protects it
-    await env.services.router.route_owner_message(9001, CHAT, olds[0]["threadId"], {"type": "message", "text": "hi"})
+    await env.services.router.route_owner_message(9001, CHAT, olds[0]["threadId"], MessageItem(text="hi"))
     new = await env.register("newcomer", cwd="/new/work", pid=5000)
     assert new["slot"] == olds[1]["slot"]
     assert [c.params["message_thread_id"] for c in deletes(env)] == [olds[1]["threadId"]]
@@ -179,7 +180,7 @@ async def test_case22_protection_change_after_fencing_releases_the_fence(off: Le
     services = env.services
 
     async def protect_victim() -> None:
-        await services.router.route_owner_message(9002, CHAT, olds[0]["threadId"], {"type": "message", "text": "late"})
+        await services.router.route_owner_message(9002, CHAT, olds[0]["threadId"], MessageItem(text="late"))
 
     async def at_fenced(step: str) -> None:
         if step == "fenced":  # the victim gets accepted work right after it was fenced

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from topicbus.core.records import MessageItem, TextMessage
 from topicbus.leader.routing import OFFLINE_NOTICE
 from tests.integration.leader_env import CHAT, LeaderEnv
 from tests.support.waiting import wait_until
 
 
-def payload(text: str) -> dict:
-    return {"type": "message", "text": text, "messageId": 1, "fromUserId": 1, "fromName": "Ada", "date": 0,
-            "caption": None, "document": None}
+def payload(text: str) -> MessageItem:
+    return MessageItem(text=text, message_id=1, from_user_id=1, from_name="Ada", date=0)
 
 
 async def test_offline_follower_messages_wait_and_the_owner_is_told_once(env: LeaderEnv):
@@ -74,8 +74,8 @@ async def test_output_waiting_for_a_deleted_topic_goes_to_the_binding_s_new_topi
     old = r["threadId"]
     env.fake.user_delete_topic(CHAT, old)
     await OutboxRepository(env.db).enqueue(
-        binding_key=r["bindingKey"], chat_id=CHAT, thread_id=old, instance_id="a", request_id="r1", kind="text",
-        payload={"text": "written while the topic was gone"}, now_ms=env.clock.now_ms(), authority=env.authority)
+        binding_key=r["bindingKey"], chat_id=CHAT, thread_id=old, instance_id="a", request_id="r1",
+        item=TextMessage("written while the topic was gone"), now_ms=env.clock.now_ms(), authority=env.authority)
     services.outbound.wake(CHAT, old)
     # Telegram answers "thread not found": the binding is marked deleted, the row stays pending.
     async def marked_deleted() -> bool:

@@ -3,17 +3,21 @@ reserved-command parsing, album folding, the owner-facing words, the reaction de
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 from telegram import Message
 
+
+from topicbus.core import records
+from topicbus.core.records import (ControlItem, DocumentRef, EditItem, FileRef, MediaItem, MessageItem, ReplyContext,
+                                   UnknownItem)
 from topicbus.handlers.topic_messages import edit_payload, message_payload, owner_text
 from topicbus.leader.agent_commands import expiry_interval_s, parse_reserved
-from topicbus.leader.inbound import (BOT_DOWNLOAD_LIMIT, adapt_for, age_text, combine_album, media_item, preview,
-                                     too_large_notice)
+from topicbus.leader.inbound import BOT_DOWNLOAD_LIMIT, adapt_for, age_text, combine_album, preview, too_large_notice
 from topicbus.leader.reactions import reacted_messages, reaction_emoji
-from topicbus.protocol import Capabilities, Deliver, deliver_frame, encode, decode_leader_frame, message_item
+from topicbus.protocol import Capabilities, Deliver, decode_leader_frame, encode, leader_frame
 from topicbus.storage.journal import JournalItem
 
 BOT_ID, BOT_NAME, THREAD = 999, "topicbus_bot", 5
@@ -64,7 +68,7 @@ def test_only_the_five_reserved_commands_are_recognised(text: str, expected: str
 
 def test_a_plain_topic_message_is_a_message_without_reply_context():
     item = message_payload(message(text="hi", reply_to_message=topic_created()), bot_id=BOT_ID, bot_username=BOT_NAME)
-    assert item == message_item(text="hi", messageId=40, fromUserId=1, fromName="Ada L", date=1_700_000_000)
+    assert item == MessageItem(text="hi", message_id=40, from_user_id=1, from_name="Ada L", date=1_700_000_000)
 
 
 def test_a_reply_names_the_replied_message_its_author_and_the_quote():
@@ -72,12 +76,13 @@ def test_a_reply_names_the_replied_message_its_author_and_the_quote():
                     "from": {"id": BOT_ID, "is_bot": True, "first_name": "TopicBus"}, "text": "3 tests failed"}
     item = message_payload(message(text="which?", reply_to_message=agent_output,
                                    quote={"text": "tests failed", "position": 2}), bot_id=BOT_ID)
-    assert item is not None and item["reply"] == {"messageId": 30, "text": "3 tests failed", "fromName": "TopicBus",
-                                                  "fromAgent": True, "quote": "tests failed"}
+    assert item is not None and item.reply == ReplyContext(message_id=30, text="3 tests failed", from_name="TopicBus",
+                                                           from_agent=True, quote="tests failed")
     photo_reply = {"message_id": 31, "date": 1, "chat": CHAT, "from": OWNER, "caption": "this chart",
                    "photo": [{"file_id": "p", "file_unique_id": "up", "width": 1, "height": 1}]}
     item = message_payload(message(text="and?", reply_to_message=photo_reply), bot_id=BOT_ID)
-    assert item is not None and item["reply"]["text"] == "this chart" and item["reply"]["fromAgent"] is False
+    assert item is not None and item.reply is not None
+    assert item.reply.text == "this chart" and item.reply.from_agent is False
 
 
 @pytest.mark.parametrize("field, body, kind, name, duration", [
@@ -90,22 +95,22 @@ def test_a_reply_names_the_replied_message_its_author_and_the_quote():
 def test_each_media_kind_becomes_a_file_with_its_kind_and_duration(field, body, kind, name, duration):
     item = message_payload(message(caption="look", **{field: {"file_id": "F", "file_unique_id": "uF", "file_size": 10,
                                                               **body}}))
-    assert item is not None and item["type"] == "media" and item["caption"] == "look"
-    assert item["files"] == [{"fileId": "F", "fileName": name, "mimeType": item["files"][0]["mimeType"],
-                              "fileSize": 10, "kind": kind, "duration": duration, "tooLarge": False}]
+    assert isinstance(item, MediaItem) and item.caption == "look"
+    assert item.files == (FileRef(file_id="F", file_name=name, mime_type=item.files[0].mime_type, file_size=10,
+                                  kind=kind, duration=duration, too_large=False),)
 
 
 def test_an_animation_is_an_animation_not_the_document_telegram_also_sends():
     anim = {"file_id": "A", "file_unique_id": "uA", "width": 1, "height": 1, "duration": 3, "file_size": 5}
     item = message_payload(message(animation=anim, document={"file_id": "A", "file_unique_id": "uA"}))
-    assert item is not None and [f["kind"] for f in item["files"]] == ["animation"]
+    assert isinstance(item, MediaItem) and [f.kind for f in item.files] == ["animation"]
 
 
 def test_the_largest_photo_size_is_taken_and_a_file_over_20_mb_is_marked():
     sizes = [{"file_id": "small", "file_unique_id": "s", "width": 9, "height": 9, "file_size": 100},
              {"file_id": "big", "file_unique_id": "b", "width": 99, "height": 99, "file_size": BOT_DOWNLOAD_LIMIT + 1}]
     item = message_payload(message(photo=sizes))
-    assert item is not None and item["files"][0]["fileId"] == "big" and item["files"][0]["tooLarge"] is True
+    assert isinstance(item, MediaItem) and item.files[0].file_id == "big" and item.files[0].too_large is True
 
 
 def test_messages_from_bots_and_without_content_are_not_routed():
@@ -115,63 +120,62 @@ def test_messages_from_bots_and_without_content_are_not_routed():
 
 
 def test_an_edit_carries_the_new_text_else_the_caption_and_never_a_reserved_command():
-    assert edit_payload(message(text="fixed", edit_date=2)) == {"type": "edit", "messageId": 40, "text": "fixed"}
-    assert edit_payload(message(caption="new caption", edit_date=2)) == {"type": "edit", "messageId": 40,
-                                                                         "text": "new caption"}
+    assert edit_payload(message(text="fixed", edit_date=2)) == EditItem(message_id=40, text="fixed")
+    assert edit_payload(message(caption="new caption", edit_date=2)) == EditItem(message_id=40, text="new caption")
     assert edit_payload(message(text="/kill", edit_date=2), bot_username=BOT_NAME) is None
-    assert edit_payload(message(text="//kill", edit_date=2), bot_username=BOT_NAME)["text"] == "/kill"
+    assert edit_payload(message(text="//kill", edit_date=2), bot_username=BOT_NAME) == EditItem(40, "/kill")
 
 
 # --- what each follower gets ---------------------------------------------------------------------------
 
 
-def media(*files: dict[str, Any], caption: str | None = "cap") -> dict[str, Any]:
-    return media_item(files=list(files), caption=caption, messageId=7, fromUserId=1, fromName="Ada", date=3)
+def media(*files: FileRef, caption: str | None = "cap") -> MediaItem:
+    return MediaItem(files=files, caption=caption, message_id=7, from_user_id=1, from_name="Ada", date=3)
 
 
-def file(file_id: str, kind: str = "photo", too_large: bool = False) -> dict[str, Any]:
-    return {"fileId": file_id, "fileName": f"{file_id}.bin", "mimeType": "x/y", "fileSize": 4, "kind": kind,
-            "duration": None, "tooLarge": too_large}
+def file(file_id: str, kind: str = "photo", too_large: bool = False) -> FileRef:
+    return FileRef(file_id=file_id, file_name=f"{file_id}.bin", mime_type="x/y", file_size=4, kind=kind,
+                   too_large=too_large)
 
 
 def test_media_followers_get_media_and_the_others_the_first_downloadable_file_as_a_document():
     item = media(file("big", too_large=True), file("ok"))
     assert adapt_for(item, Capabilities.for_follower(["message", "media"])) == item
     old = adapt_for(item, Capabilities.for_follower())
-    assert old is not None and old["type"] == "message" and old["caption"] == "cap" and old["text"] is None
-    assert old["document"] == {"fileId": "ok", "fileName": "ok.bin", "mimeType": "x/y", "fileSize": 4}
+    assert isinstance(old, MessageItem) and old.caption == "cap" and old.text is None
+    assert old.document == DocumentRef(file_id="ok", file_name="ok.bin", mime_type="x/y", file_size=4)
     # An old follower decodes it as the message it always got.
-    frame = decode_leader_frame(encode(deliver_frame("d-1", "i", "g", old)))
+    frame = decode_leader_frame(encode(leader_frame(records.Deliver("d-1", "i", "g", old))))
     assert isinstance(frame, Deliver) and frame.item.document is not None and frame.item.document.file_id == "ok"
 
 
 def test_edits_and_controls_go_only_to_followers_that_take_them():
-    edit = {"type": "edit", "messageId": 1, "text": "x"}
+    edit = EditItem(message_id=1, text="x")
     assert adapt_for(edit, Capabilities.for_follower()) is None
     assert adapt_for(edit, Capabilities.for_follower(["message", "edit"])) == edit
-    assert adapt_for({"type": "control", "action": "kill"}, Capabilities.for_follower()) is None
-    assert adapt_for({"type": "unknown"}, Capabilities.for_follower(["message", "media", "edit"])) is None
+    assert adapt_for(ControlItem("kill"), Capabilities.for_follower()) is None
+    assert adapt_for(UnknownItem("unknown"), Capabilities.for_follower(["message", "media", "edit"])) is None
 
 
 def test_an_album_folds_its_parts_in_order_with_the_caption_wherever_it_was():
     parts = [media(file("a"), caption=None), media(file("b"), caption="the trip"), media(file("c", "video"), caption=None)]
     album = combine_album(parts)
-    assert [f["fileId"] for f in album["files"]] == ["a", "b", "c"] and album["caption"] == "the trip"
-    assert album["messageId"] == 7 and album["type"] == "media"
+    assert isinstance(album, MediaItem) and [f.file_id for f in album.files] == ["a", "b", "c"]
+    assert album.caption == "the trip" and album.message_id == 7
     # Telegram's limit of 10 parts is not ours: every part is kept.
-    assert [f["fileId"] for f in combine_album([media(file(str(i))) for i in range(12)])["files"]] == [
-        str(i) for i in range(12)]
+    big = combine_album([media(file(str(i))) for i in range(12)])
+    assert isinstance(big, MediaItem) and [f.file_id for f in big.files] == [str(i) for i in range(12)]
 
 
 # --- words ---------------------------------------------------------------------------------------------
 
 
 def test_previews_are_short_single_lines_that_say_what_the_item_is():
-    assert preview(message_item(text="fix\nthe   tests")) == "fix the tests"
-    assert preview(media({**file("v", "voice"), "duration": 65}, caption=None)) == "📎 voice message 1:05"
+    assert preview(MessageItem(text="fix\nthe   tests")) == "fix the tests"
+    assert preview(media(dataclasses.replace(file("v", "voice"), duration=65), caption=None)) == "📎 voice message 1:05"
     assert preview(media(file("a"), file("b"), caption="trip")) == "📎 album of 2: trip"
-    assert preview({"type": "edit", "messageId": 1, "text": "better"}) == "✏️ edit: better"
-    assert len(preview(message_item(text="x" * 500))) == 60
+    assert preview(EditItem(message_id=1, text="better")) == "✏️ edit: better"
+    assert len(preview(MessageItem(text="x" * 500))) == 60
 
 
 @pytest.mark.parametrize("ms, text", [(0, "0 s"), (59_999, "59 s"), (60_000, "1 min"), (3_600_000, "1 h"),
@@ -181,14 +185,15 @@ def test_ages_read_well_on_a_phone(ms: int, text: str):
 
 
 def test_the_too_large_notice_names_the_file_its_size_and_what_to_do():
-    text = too_large_notice([{**file("clip", "video"), "fileName": "clip.mp4", "fileSize": 31 * 1024 * 1024}])
+    text = too_large_notice([dataclasses.replace(file("clip", "video"), file_name="clip.mp4",
+                                                 file_size=31 * 1024 * 1024)])
     assert "video clip.mp4 (31.0 MB)" in text and "20 MB" in text and "smaller file" in text
 
 
 def test_file_names_shown_in_the_topic_are_cleaned_like_those_typed_into_the_agent():
-    hostile = {**file("doc", "document"), "fileName": "huge.iso\n rm -rf ~\n", "fileSize": 25_000_000,
-               "tooLarge": True}
-    for text in (too_large_notice([hostile]), preview(media_item(files=[hostile]))):
+    hostile = dataclasses.replace(file("doc", "document"), file_name="huge.iso\n rm -rf ~\n", file_size=25_000_000,
+                                  too_large=True)
+    for text in (too_large_notice([hostile]), preview(MediaItem(files=(hostile,)))):
         assert "\n" not in text and "~" not in text and "huge.iso_ rm -rf _" in text
 
 
@@ -205,10 +210,10 @@ def test_reactions_are_configurable_and_can_be_switched_off():
 
 
 def test_only_owner_messages_and_media_get_a_reaction_each_once():
-    def row(seq: int, payload: dict[str, Any]) -> JournalItem:
+    def row(seq: int, payload: records.InboundItem) -> JournalItem:
         return JournalItem(seq, seq, "k", payload, 0)
 
-    rows = [row(1, message_item(text="a", messageId=10)), row(2, media(file("x"))),
-            row(3, {"type": "edit", "messageId": 10, "text": "b"}), row(4, message_item(text="again", messageId=10)),
-            row(5, message_item(text="no id"))]
+    rows = [row(1, MessageItem(text="a", message_id=10)), row(2, media(file("x"))),
+            row(3, EditItem(message_id=10, text="b")), row(4, MessageItem(text="again", message_id=10)),
+            row(5, MessageItem(text="no id"))]
     assert reacted_messages(rows) == [10, 7]

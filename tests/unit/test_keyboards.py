@@ -4,19 +4,20 @@ pressed message shows the choice (leader/keyboards, leader/buttons, storage/keyb
 from __future__ import annotations
 
 from topicbus.core.formatting import MAX_MESSAGE, Entity, Rendered
+from topicbus.core.records import Button
 from topicbus.leader.buttons import with_choice
 from topicbus.leader.keyboards import callback_data, keys, parse_callback
 from topicbus.protocol import MAX_BUTTON_ROWS, MAX_BUTTONS_PER_ROW
 from topicbus.storage.keyboards import CHOICE, Keyboard, new_token
 
 
-def keyboard(rows: list[list[dict[str, str]]]) -> Keyboard:
+def keyboard(rows: tuple[tuple[Button, ...], ...]) -> Keyboard:
     return Keyboard(new_token(), CHOICE, 1, "b", "i", "g", True, -100, 7, 9, rows)
 
 
 def test_callback_data_is_short_whatever_the_follower_data() -> None:
-    rows = [[{"text": f"b{r}{c}", "data": "x" * 1024} for c in range(MAX_BUTTONS_PER_ROW)]
-            for r in range(MAX_BUTTON_ROWS)]
+    rows = tuple(tuple(Button(f"b{r}{c}", "x" * 1024) for c in range(MAX_BUTTONS_PER_ROW))
+                 for r in range(MAX_BUTTON_ROWS))
     board = keyboard(rows)
     flat = [data for row in keys(board) for _, data in row]
     assert len(flat) == 64 and len(set(flat)) == 64

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from topicbus.core import records
 from topicbus.protocol import (
     CAP_BUTTON,
     CAP_BUTTONS,
@@ -48,6 +49,8 @@ from topicbus.protocol import (
     ack,
     chat_action_message,
     check_compatibility,
+    Disconnect,
+    Heartbeat,
     decode_frame,
     decode_leader_frame,
     deliver_frame,
@@ -56,6 +59,7 @@ from topicbus.protocol import (
     encode,
     error_ack,
     follower_identity,
+    leader_frame,
     heartbeat_frame,
     leader_identity,
     may_deliver,
@@ -66,14 +70,16 @@ from topicbus.protocol import (
     send_frame,
     superseded_frame,
     text_message,
+    wire_item,
+    wire_result,
 )
 
 SECRETISH = "value-that-must-not-be-echoed"
 
 
 def decode(frame: dict[str, Any]) -> tuple[Kind, Any]:
-    kind, model, _ = decode_frame(encode(frame))
-    return kind, model
+    model = decode_frame(encode(frame))
+    return model.kind, model
 
 
 def refused(text: str) -> ProtocolError:
@@ -120,10 +126,11 @@ def test_register_frame_leaves_out_absent_optional_fields() -> None:
     assert model.pid is None and model.cwd is None and model.name is None
 
 
-@pytest.mark.parametrize("build, kind", [(heartbeat_frame, Kind.HEARTBEAT), (disconnect_frame, Kind.DISCONNECT)])
-def test_generation_bound_frames_round_trip(build, kind: Kind) -> None:
+@pytest.mark.parametrize("build, kind, model_type", [(heartbeat_frame, Kind.HEARTBEAT, Heartbeat),
+                                                     (disconnect_frame, Kind.DISCONNECT, Disconnect)])
+def test_generation_bound_frames_round_trip(build, kind: Kind, model_type: type[FollowerRequest]) -> None:
     decoded_kind, model = decode(build("r-2", "inst-1", "gen-9"))
-    assert decoded_kind is kind and type(model) is FollowerRequest
+    assert decoded_kind is kind and type(model) is model_type and isinstance(model, FollowerRequest)
     assert (model.request_id, model.instance_id, model.registration_generation) == ("r-2", "inst-1", "gen-9")
 
 
@@ -450,26 +457,25 @@ def test_may_receive() -> None:
 
 def test_may_deliver_on_the_leader_side() -> None:
     old_follower = frozenset({CAP_DELIVER, CAP_DISPLAY_TITLE})  # as FollowerRecord.capabilities holds them
-    assert may_deliver(message_item(text="hi"), old_follower)
-    assert not may_deliver({"type": "edit", "text": "changed"}, old_follower)  # never on an old follow's stdin
-    assert may_deliver({"type": "edit", "text": "changed"}, old_follower | {CAP_EDIT})
-    assert may_deliver({"type": "control", "action": "interrupt"}, Capabilities.of([CAP_CONTROL]))
-    assert not may_deliver({"text": "no type"}, old_follower)
-    assert not may_deliver({"type": 5}, old_follower)
+    assert may_deliver(records.MessageItem(text="hi"), old_follower)
+    assert not may_deliver(records.EditItem(1, "changed"), old_follower)  # never on an old follow's stdin
+    assert may_deliver(records.EditItem(1, "changed"), old_follower | {CAP_EDIT})
+    assert may_deliver(records.ControlItem("interrupt"), Capabilities.of([CAP_CONTROL]))
+    assert not may_deliver(records.UnknownItem("teleport"), old_follower | set(DELIVERY_CAPABILITIES.values()))
 
 
 def test_a_screen_control_goes_only_to_a_follower_that_takes_screenshots() -> None:
     from topicbus.protocol import CAP_SCREEN, CONTROL_ACTION_CAPABILITIES
 
     assert dict(CONTROL_ACTION_CAPABILITIES) == {"screen": CAP_SCREEN} and CAP_SCREEN == "screen-v1"
-    screen = {"type": "control", "action": "screen"}
+    screen = records.ControlItem("screen")
     assert not may_deliver(screen, Capabilities.of([CAP_DELIVER, CAP_CONTROL]))  # follow without --pty, an SDK client
     assert not may_deliver(screen, Capabilities.of([CAP_DELIVER, CAP_SCREEN]))  # controls need control-v1 too
     assert may_deliver(screen, Capabilities.of([CAP_DELIVER, CAP_CONTROL, CAP_SCREEN]))  # follow --pty
     for action in ("interrupt", "kill", "eof"):  # version 1's actions need nothing more
-        assert may_deliver({"type": "control", "action": action}, Capabilities.of([CAP_CONTROL]))
+        assert may_deliver(records.ControlItem(action), Capabilities.of([CAP_CONTROL]))
     # A follower that advertised it decodes the item (an older one never receives it).
-    frame = decode_leader_frame(encode(deliver_frame("c-u1", "i", "g", screen)))
+    frame = decode_leader_frame(encode(leader_frame(records.Deliver("c-u1", "i", "g", screen))))
     assert frame.item.action == "screen"
 
 
@@ -512,5 +518,72 @@ def test_a_screen_frame_is_sent_only_to_a_leader_that_advertised_screen_frames()
     assert CAP_SCREEN_FRAMES == "screen-frames-v1"
     assert Capabilities.of([CAP_FORMAT]).unsupported_send_fields(frame) == ["screen"]
     assert Capabilities.of([CAP_FORMAT, CAP_SCREEN_FRAMES]).unsupported_send_fields(frame) == []
-    kind, request, _ = decode_frame(json.dumps(send_frame("r1", "i1", "g1", frame)))
-    assert request.message.screen is True
+    request = decode_frame(json.dumps(send_frame("r1", "i1", "g1", frame)))
+    assert isinstance(request, SendRequest) and request.message.screen is True
+
+
+# --------------------------------------------------------------------------------------------------
+# The leader's records ⇄ the wire: one converter each way
+# --------------------------------------------------------------------------------------------------
+
+VOICE = records.FileRef(file_id="F", file_name="v.ogg", mime_type="audio/ogg", file_size=9, kind="voice", duration=3)
+REPLY = records.ReplyContext(message_id=5, text="q", from_name="Bot", from_agent=True, quote="q")
+ITEMS = [
+    records.MessageItem(text="hi", message_id=1, from_user_id=2, from_name="Ada", date=3, reply=REPLY),
+    records.MessageItem(caption="c", document=records.DocumentRef("F", "r.txt", "text/plain", 4)),
+    records.MessageItem(text="spoken", transcribed_from=VOICE),
+    records.MediaItem(files=(VOICE, records.FileRef(file_id="G", kind="photo", too_large=True)), caption="c",
+                      message_id=1, from_user_id=2, from_name="Ada", date=3, reply=REPLY),
+    records.EditItem(message_id=1, text="better"),
+    records.ControlItem("interrupt", message_id=7),
+    records.ButtonItem("yes", message_id=7, from_user_id=2),
+]
+
+
+@pytest.mark.parametrize("item", ITEMS, ids=lambda item: item.type)
+def test_a_delivered_record_is_the_wire_item_its_model_reads(item: records.InboundItem) -> None:
+    frame = decode_leader_frame(encode(leader_frame(records.Deliver("d-1", "inst-1", "gen-1", item))))
+    assert isinstance(frame, Deliver) and (frame.id, frame.instance_id, frame.registration_generation) == (
+        "d-1", "inst-1", "gen-1")
+    expected = frame.item.model_dump(by_alias=True)
+    if isinstance(item, records.MessageItem) and item.transcribed_from is None:
+        del expected["transcribedFrom"]  # only a transcribed message has the field (transcript-v1)
+    assert wire_item(item) == expected
+
+
+def test_an_item_no_follower_takes_is_never_put_on_the_wire() -> None:
+    with pytest.raises(ValueError):
+        wire_item(records.UnknownItem("teleport"))
+
+
+def test_a_supersession_is_the_frame_followers_read() -> None:
+    frame = decode_leader_frame(encode(leader_frame(records.Superseded("inst-1", "newer"))))
+    assert isinstance(frame, Superseded) and (frame.instance_id, frame.reason) == ("inst-1", "newer")
+
+
+def test_answers_are_the_results_followers_read() -> None:
+    answer = records.RegistrationResult(chat_id=-1, thread_id=7, slot="B", display_title="B · x", binding_key="k")
+    assert wire_result(answer) == RegistrationResult(chat_id=-1, thread_id=7, slot="B", display_title="B · x",
+                                                     binding_key="k").model_dump(by_alias=True)
+    assert wire_result(records.HeartbeatResult("T")) == {"displayTitle": "T"}
+    assert wire_result(records.HeartbeatResult(None)) == {"displayTitle": None}
+    assert wire_result(records.SendResult(9)) == {"outboxId": 9}
+    assert wire_result(None) == {}  # a disconnect's answer
+
+
+def test_a_send_message_becomes_its_outbox_item() -> None:
+    def item(message: dict[str, Any]) -> records.OutboxItem:
+        request = decode_frame(encode(send_frame("r", "i", "g", message)))
+        assert isinstance(request, SendRequest)
+        return request.item
+
+    assert item(text_message("x")) == records.TextMessage("x")
+    fancy = text_message("x") | {"format": "pre", "tail": True, "screen": False,
+                                 "buttons": [[{"text": "Yes", "data": "y"}, {"text": "No", "data": "n"}]]}
+    assert item(fancy) == records.TextMessage("x", "pre", ((records.Button("Yes", "y"), records.Button("No", "n")),),
+                                              tail=True, screen=False)
+    assert item(chat_action_message("upload_photo")) == records.ChatActionMessage("upload_photo")
+    assert item(document_message("r.txt", b"\x00\xff", caption="c")) == records.DocumentMessage("r.txt", b"\x00\xff",
+                                                                                                "c")
+    photo = document_message("p.png", b"png") | {"type": "photo"}
+    assert item(photo) == records.PhotoMessage("p.png", b"png")

@@ -8,12 +8,13 @@ from collections.abc import Coroutine
 from typing import Any
 
 from tests.support.waiting import wait_until
+from topicbus.core.records import MessageItem
 from topicbus.leader.reactions import ReceiptReactions
 from topicbus.storage.journal import JournalItem
 
 
 def delivered(message_id: int) -> list[JournalItem]:
-    return [JournalItem(message_id, message_id, "k", {"type": "message", "messageId": message_id}, 0)]
+    return [JournalItem(message_id, message_id, "k", MessageItem(message_id=message_id), 0)]
 
 
 class Recorder:

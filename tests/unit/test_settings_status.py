@@ -6,6 +6,7 @@ import pytest
 
 from topicbus.settings import ConfigurationError, load_settings
 from topicbus.core.board import render_board, render_text
+from topicbus.status_json import status_report
 
 TOKEN = "123456:settings-test-token-value-000000000"
 
@@ -45,12 +46,12 @@ def test_leader_requires_token_chat_and_owners_but_not_the_bus_secret():
 
 
 def test_status_renders_a_standby_without_a_live_view():
-    text = render_text({"role": "standby", "epoch": 3, "followers": [], "bindings": []})
+    text = render_text(status_report({"role": "standby", "epoch": 3, "followers": [], "bindings": []}))
     assert "standby" in text and "no live view" in text and "(none)" in text
 
 
 def test_status_board_fits_a_phone_and_lists_slots_states_backlog_and_rotation():
-    board = render_board({
+    board = render_board(status_report({
         "role": "leader", "epoch": 2, "cleanupPolicy": "off", "displayMode": "letters",
         "budget": {"usedLastMinute": 7, "perMinute": 20.0, "pausedForS": 12.0},
         "bindings": [
@@ -65,7 +66,7 @@ def test_status_board_fits_a_phone_and_lists_slots_states_backlog_and_rotation()
         "rotation": {"slotsUsed": 3, "rotationOrder": [{"slot": "C", "protection": "eligible"}],
                      "fence": {"slot": "D", "phase": "deletion-issued", "threadId": 9}},
         "pendingCleanups": [], "pendingObservations": [],
-    })
+    }))
     lines = board.splitlines()
     assert all(len(line) <= 36 for line in lines), [line for line in lines if len(line) > 36]
     assert "cleanup off" in lines[1] and "budget 7/20 a min · wait 12s" in lines

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dataclasses
+
 import pytest
 
+from topicbus.core.records import FileRef, MediaItem, MessageItem, ReplyContext
 from topicbus.follower.inputs import Received, transcript_text
 from topicbus.follower.model import Delivery
 from topicbus.follower.receiving import delivery_of
-from topicbus.leader.inbound import adapt_for, media_item, transcript_item
+from topicbus.leader.inbound import adapt_for, transcript_item
 from topicbus.leader.transcription import (TRANSCRIBE, Cause, TranscriptionOptions, _clean_transcript,
                                            verdict)
-from topicbus.protocol import CAP_MEDIA, CAP_TRANSCRIPT, Deliver, FOLLOWER_BASE_CAPABILITIES, message_item
+from topicbus.protocol import CAP_MEDIA, CAP_TRANSCRIPT, Deliver, FOLLOWER_BASE_CAPABILITIES, wire_item
 from topicbus.settings import ConfigurationError, load_settings
 from topicbus.speech.client import TranscriptionEndpoint
 
@@ -22,11 +25,11 @@ ENDPOINT = TranscriptionEndpoint(base_url="http://127.0.0.1:9000", key="sk-secre
 ON = TranscriptionOptions(endpoint=ENDPOINT, max_s=300)
 
 
-def voice(kind: str = "voice", duration: int | None = 5, size: int | None = 20_000, **fields) -> dict:
-    return media_item(files=[{"fileId": "f1", "fileName": "voice.ogg", "mimeType": "audio/ogg", "fileSize": size,
-                              "kind": kind, "duration": duration, "tooLarge": False}],
-                      caption=fields.get("caption"), messageId=812, fromUserId=1, fromName="Owner", date=1,
-                      reply=fields.get("reply"))
+def voice(kind: str = "voice", duration: int | None = 5, size: int | None = 20_000, **fields) -> MediaItem:
+    return MediaItem(files=(FileRef(file_id="f1", file_name="voice.ogg", mime_type="audio/ogg", file_size=size,
+                                    kind=kind, duration=duration),),
+                     caption=fields.get("caption"), message_id=812, from_user_id=1, from_name="Owner", date=1,
+                     reply=fields.get("reply"))
 
 
 # --- the cleaning -------------------------------------------------------------------------------------
@@ -55,34 +58,35 @@ def test_notes_over_the_limit_or_without_an_endpoint_fall_back_and_others_are_no
     assert verdict(voice(duration=None, size=ON.max_bytes + 1), ON) is Cause.TOO_LONG
     assert verdict(voice(), TranscriptionOptions()) is Cause.OFF
     assert verdict(voice("video"), ON) is None
-    assert verdict(message_item(text="hi", caption=None, document=None), ON) is None
-    too_large = voice()
-    too_large["files"][0]["tooLarge"] = True
+    assert verdict(MessageItem(text="hi"), ON) is None
+    note = voice()
+    too_large = dataclasses.replace(note, files=(dataclasses.replace(note.files[0], too_large=True),))
     assert verdict(too_large, ON) is None
-    two = voice()
-    two["files"].append(dict(two["files"][0]))
+    two = dataclasses.replace(note, files=note.files * 2)
     assert verdict(two, ON) is None
 
 
 # --- the item, and who gets what --------------------------------------------------------------------
 def test_the_transcript_is_a_message_that_names_its_file_only_to_followers_that_take_it():
-    reply = {"messageId": 5, "text": "question", "fromName": "TopicBus", "fromAgent": True, "quote": None}
+    reply = ReplyContext(message_id=5, text="question", from_name="TopicBus", from_agent=True)
     item = transcript_item(voice(caption="see", reply=reply), "what was said")
-    assert item["type"] == "message" and item["text"] == "what was said" and item["caption"] == "see"
-    assert item["messageId"] == 812 and item["reply"] == reply and item["document"] is None
-    assert item["transcribedFrom"]["fileId"] == "f1" and item["transcribedFrom"]["kind"] == "voice"
+    assert item.text == "what was said" and item.caption == "see"
+    assert item.message_id == 812 and item.reply == reply and item.document is None
+    assert item.transcribed_from is not None
+    assert item.transcribed_from.file_id == "f1" and item.transcribed_from.kind == "voice"
 
     old = adapt_for(item, FOLLOWER_BASE_CAPABILITIES | {CAP_MEDIA})
-    assert old is not None and "transcribedFrom" not in old and old["text"] == "what was said"
+    assert isinstance(old, MessageItem) and old.transcribed_from is None and old.text == "what was said"
+    assert "transcribedFrom" not in wire_item(old)  # an older follower never sees the field
     new = adapt_for(item, FOLLOWER_BASE_CAPABILITIES | {CAP_MEDIA, CAP_TRANSCRIPT})
-    assert new == item
-    assert "transcribedFrom" not in message_item(text="plain", caption=None, document=None)
+    assert new == item and wire_item(item)["transcribedFrom"]["fileId"] == "f1"
+    assert "transcribedFrom" not in wire_item(MessageItem(text="plain"))
 
 
 def test_follow_types_the_transcript_and_the_file_line_only_with_context():
     frame = Deliver.model_validate({"kind": "leader.deliver", "requestId": "d-7", "deliveryId": "d-7",
                                     "instanceId": "i", "registrationGeneration": "g",
-                                    "item": transcript_item(voice(caption="see this"), "what was said")})
+                                    "item": wire_item(transcript_item(voice(caption="see this"), "what was said"))})
     delivery = delivery_of(frame)
     assert delivery.text == "what was said" and delivery.transcribed_from is not None
     assert transcript_text(delivery) == "what was said\nsee this"
