@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from topicbus.storage.db import Authority, Database, UnitOfWork
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database, UnitOfWork
 
 T = TypeVar("T")
 

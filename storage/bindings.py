@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
+from topicbus.core.target import Target
 from topicbus.storage.db import Database, UnitOfWork
 
 
@@ -26,6 +27,10 @@ class Binding:
     offline_notified: bool
     created_at_ms: int
     updated_at_ms: int
+
+    @property
+    def target(self) -> Target:
+        return Target(self.chat_id, self.thread_id)
 
     @property
     def has_live_topic(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from topicbus.core.target import Target
 from topicbus.storage.db import Database, UnitOfWork
 
 
@@ -23,6 +24,10 @@ class CleanupIntent:
     reason: str
     requested_at_ms: int
     last_error: str | None = None
+
+    @property
+    def target(self) -> Target:
+        return Target(self.chat_id, self.thread_id)
 
     @staticmethod
     def make_id(instance_id: str, generation: str, chat_id: int, thread_id: int) -> str:

@@ -19,7 +19,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from topicbus.storage.db import Authority, AuthorityLost, Database, UnitOfWork
+from topicbus.core.authority import Authority, AuthorityLost
+from topicbus.storage.db import Database, UnitOfWork
 
 DELIVERY_PREFIX = "d-"
 WAITING = ("pending", "gathering")

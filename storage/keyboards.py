@@ -13,7 +13,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from topicbus.storage.db import Authority, Database, UnitOfWork
+from topicbus.core.target import Target
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database, UnitOfWork
 
 CHOICE = "choice"
 INTERRUPT = "interrupt"
@@ -44,6 +46,10 @@ class Keyboard:
     answered_at_ms: int | None = None
     shown_text: dict[str, Any] | None = None
     shown_at_ms: int | None = None
+
+    @property
+    def target(self) -> Target:
+        return Target(self.chat_id, self.thread_id)
 
     @property
     def answered(self) -> bool:

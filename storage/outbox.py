@@ -14,7 +14,8 @@ from typing import Any
 
 from topicbus.core.budget import Priority
 from topicbus.core.output import QueuedItem
-from topicbus.storage.db import Authority, Database, UnitOfWork
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database, UnitOfWork
 
 
 @dataclass(frozen=True)

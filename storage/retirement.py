@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from topicbus.core.target import Target
 from topicbus.storage.bindings import Binding
 from topicbus.storage.db import Database, UnitOfWork
 
@@ -19,6 +20,10 @@ class RetirementIntent:
     thread_id: int | None
     leader_epoch: int
     requested_at_ms: int
+
+    @property
+    def target(self) -> Target:
+        return Target(self.chat_id, self.thread_id)
 
     @staticmethod
     def make_id(binding: Binding) -> str:

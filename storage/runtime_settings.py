@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from topicbus.storage.db import Authority, Database
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database
 
 CLEANUP_POLICY = "thread_cleanup"
 DISPLAY_MODE = "display_mode"

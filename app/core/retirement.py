@@ -19,7 +19,8 @@ from typing import Literal
 
 from topicbus.core.slots import BlockedSlot, FreeSlot, SlotPlan
 
-Outcome = Literal["absent", "present", "rejected", "unknown"]
+#: What Telegram's answer to the deletion (or the probe after it) says of the topic.
+DeletionAnswer = Literal["absent", "present", "rejected", "unknown"]
 ResultKind = Literal["retired", "not-needed", "cancelled", "retained", "blocked"]
 
 
@@ -58,7 +59,7 @@ class RetirementState:
     fence: FenceView | None
     plan: SlotPlan | None = None  # the planner's answer when no intent exists (None: not computed)
     issued: bool = False  # this run recorded the deletion permit (so it deletes; it does not probe)
-    outcome: Outcome | None = None  # this run's delete or probe answer
+    outcome: DeletionAnswer | None = None  # this run's delete or probe answer
 
 
 # --- actions -------------------------------------------------------------------------------------

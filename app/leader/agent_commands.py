@@ -38,7 +38,7 @@ from topicbus.leader.roster import Roster
 from topicbus.leader.routing import Router
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import CAP_CONTROL, CAP_SCREEN
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.authority import AuthorityLost
 from topicbus.storage.journal import JournalItem, JournalRepository
 
 CONTROL_ACTIONS = ("interrupt", "kill", "eof", "screen")

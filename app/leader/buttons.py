@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from loguru import logger
 
-from topicbus.bot.gateway import Outcome
+from topicbus.core.telegram import CallOutcome
 from topicbus.core.formatting import MAX_MESSAGE, Entity, Rendered
 from topicbus.core.press_answers import Offer
 from topicbus.leader.agent_commands import AgentCommands
@@ -50,7 +50,8 @@ from topicbus.leader.routing import Router
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import CAP_BUTTON
 from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.db import AuthorityLost, UnitOfWork
+from topicbus.core.authority import AuthorityLost
+from topicbus.storage.db import UnitOfWork
 from topicbus.storage.keyboards import INTERRUPT, Keyboard, KeyboardRepository
 
 RESUME_WINDOW_MS = 24 * 3600 * 1000  # answered keyboards whose edit is still owed, at a term's start
@@ -241,11 +242,11 @@ class ButtonPresses:
         if keyboard is None or keyboard.shown_at_ms is not None or keyboard.message_id is None:
             return
         chosen = _restored(keyboard.shown_text)
-        result = await self._gateway.show_choice(keyboard.chat_id, keyboard.thread_id, keyboard.message_id, chosen)
-        if result.outcome is Outcome.REJECTED and chosen is not None:
+        result = await self._gateway.show_choice(keyboard.target, keyboard.message_id, chosen)
+        if result.outcome is CallOutcome.REJECTED and chosen is not None:
             # Telegram would not take the text back (entities it refuses): remove the buttons at least.
-            result = await self._gateway.show_choice(keyboard.chat_id, keyboard.thread_id, keyboard.message_id, None)
-        if result.ok or result.outcome in (Outcome.REJECTED, Outcome.GONE):  # done, or nothing more can be done
+            result = await self._gateway.show_choice(keyboard.target, keyboard.message_id, None)
+        if result.ok or result.outcome in (CallOutcome.REJECTED, CallOutcome.GONE):  # done, or nothing more can be done
             try:
                 await self._keyboards.mark_shown(token, self._term.now_ms(), self._term.authority())
             except AuthorityLost:

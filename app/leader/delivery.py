@@ -22,38 +22,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from loguru import logger
 
 from topicbus.core.clock import Clock
 from topicbus.leader.inbound import HOLD, InboundScreen
+from topicbus.ports.bus import FollowerConnection
 from topicbus.protocol import deliver_frame, may_deliver
-from topicbus.storage.db import Authority
+from topicbus.core.authority import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository, parse_delivery_id
 
 
 PAGE = 500
-
-
-class FollowerConnection(Protocol):
-    """What the bus transport offers the domain for one follower socket.
-
-    ``send_frame`` queues a frame and returns at once (it raises when the connection is gone or
-    cannot take more); ``congested`` says the queue should not be filled further until
-    ``writable()`` returns (it raises when the connection is dropped meanwhile)."""
-
-    @property
-    def closed(self) -> bool: ...
-
-    @property
-    def congested(self) -> bool: ...
-
-    async def writable(self) -> None: ...
-
-    async def send_frame(self, frame: dict[str, Any]) -> None: ...
-
-    async def close(self, code: int = 1000, message: str = "") -> None: ...
 
 
 class _Route:

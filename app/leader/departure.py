@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from topicbus.bot.gateway import Outcome
+from topicbus.core.telegram import CallOutcome
 from topicbus.core.mutations import FollowerMutationQueue, follower_mutation_key
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.startup import Timers
@@ -39,7 +39,7 @@ from topicbus.leader.term import LeaderTerm
 from topicbus.storage.admission import PROFILE, AdmissionLedger
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.cleanups import CleanupIntent, CleanupRepository, ScheduledCleanup, ScheduledCleanupRepository
-from topicbus.storage.db import Authority
+from topicbus.core.authority import Authority
 from topicbus.storage.outbox import OutboxRepository
 
 PROCESS_ENDED = "⏹ process ended"  # after a proven death; follow itself posts the exit code when it survives
@@ -90,13 +90,13 @@ class DepartureHandler:
             events.record("Cleanup intent superseded by a newer owner; topic kept",
                           phase="cleanup-superseded", intentId=intent.id, threadId=intent.thread_id)
             return False
-        closed = await self._gateway.close_topic(intent.chat_id, intent.thread_id)
-        if closed.outcome in (Outcome.AMBIGUOUS, Outcome.RETRY_AFTER):
+        closed = await self._gateway.close_topic(intent.target)
+        if closed.outcome in (CallOutcome.AMBIGUOUS, CallOutcome.RETRY_AFTER):
             await self._unconfirmed(intent, authority, f"close: {closed.outcome} {closed.message}")
         if closed.ok:  # closed, not yet deleted: a binding reused before the delete reopens it first
             await self._note_closed(intent, authority)
-        deleted = await self._gateway.delete_topic(intent.chat_id, intent.thread_id)
-        if deleted.outcome not in (Outcome.OK, Outcome.GONE):
+        deleted = await self._gateway.delete_topic(intent.target)
+        if deleted.outcome not in (CallOutcome.OK, CallOutcome.GONE):
             await self._unconfirmed(intent, authority, f"delete: {deleted.outcome} {deleted.message}")
         async with self._term.unit_of_work(authority) as uow:
             await BindingRepository.mark_topic_deleted_tx(uow, intent.chat_id, intent.thread_id, self._term.now_ms())
@@ -120,13 +120,13 @@ class DepartureHandler:
             return
         if binding.topic_state != "closed" and not (intent.last_error or "").startswith("delete:"):
             return
-        reopened = await self._gateway.reopen_topic(intent.chat_id, intent.thread_id)
+        reopened = await self._gateway.reopen_topic(intent.target)
         self._term.events.record("Reopened the topic of a cancelled cleanup", phase="topic-reopen",
                                  threadId=intent.thread_id, outcome=str(reopened.outcome))
         if reopened.ok and binding.topic_state == "closed":
             async with self._term.unit_of_work(authority) as uow:
                 await BindingRepository.set_topic_state_tx(uow, intent.binding_key, "open")
-        elif reopened.outcome is Outcome.GONE:  # deleted after all: the next registration gets a new topic
+        elif reopened.outcome is CallOutcome.GONE:  # deleted after all: the next registration gets a new topic
             async with self._term.unit_of_work(authority) as uow:
                 await BindingRepository.mark_topic_deleted_tx(uow, intent.chat_id, intent.thread_id,
                                                               self._term.now_ms())

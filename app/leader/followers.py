@@ -10,8 +10,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from topicbus import __version__
-from topicbus.bot.gateway import FileStream
-from topicbus.leader.delivery import FollowerConnection
+from topicbus.ports.telegram import FileDownload
+from topicbus.ports.bus import FollowerConnection
 from topicbus.leader.departure import CleanupUnconfirmed, Departures
 from topicbus.leader.registration import Registrations
 from topicbus.leader.roster import Roster
@@ -19,7 +19,7 @@ from topicbus.leader.routing import Router
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import ErrorCode, FollowerRequest, ProtocolError, Registration, SendRequest
 from topicbus.storage.admission import AdmissionBlocked
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.authority import AuthorityLost
 
 LEADER_BUILD = f"topicbus/{__version__}"
 
@@ -67,5 +67,5 @@ class FollowerDesk:
     def connection_closed(self, connection: FollowerConnection) -> None:
         self._roster.connection_closed(connection)
 
-    def open_document(self, file_id: str) -> AbstractAsyncContextManager[FileStream | None]:
+    def open_document(self, file_id: str) -> AbstractAsyncContextManager[FileDownload | None]:
         return self._router.open_document(file_id)

@@ -41,7 +41,7 @@ from loguru import logger
 from topicbus.core.clock import Clock
 from topicbus.protocol import ButtonItem, Capabilities, ControlItem, EditItem, MediaItem, message_item
 from topicbus.metadata import clean_metadata
-from topicbus.storage.db import Authority
+from topicbus.core.authority import Authority
 from topicbus.storage.journal import JournalItem, JournalRepository
 
 BOT_DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile: bots may download files up to 20 MB

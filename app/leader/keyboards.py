@@ -27,7 +27,7 @@ import dataclasses
 import re
 from typing import Any
 
-from topicbus.bot.gateway import InlineKeys
+from topicbus.core.telegram import InlineKeys
 from topicbus.core.registry import FollowerRecord, FollowerRegistry
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import CAP_BUTTON, CAP_CONTROL

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from topicbus.core.target import Target
 from topicbus.core.budget import Priority
 from topicbus.core.formatting import utf16_len
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import ControlTopic
 from topicbus.storage.bindings import Binding, BindingRepository
-from topicbus.storage.db import Authority, UnitOfWork
+from topicbus.core.authority import Authority
+from topicbus.storage.db import UnitOfWork
 from topicbus.storage.outbox import OutboxRepository
 from topicbus.storage.runtime_settings import WELCOMED, RuntimeSettingsRepository
 
@@ -50,7 +52,7 @@ def restart_text(epoch: int) -> str:
 
 
 class Notices:
-    def __init__(self, term: LeaderTerm, control: ControlTopic, wake_outbound: Callable[[int, int | None], None]):
+    def __init__(self, term: LeaderTerm, control: ControlTopic, wake_outbound: Callable[[Target], None]):
         self._term = term
         self._control = control
         self._wake = wake_outbound
@@ -88,7 +90,7 @@ class Notices:
         return True
 
     def wake(self, binding: Binding) -> None:
-        self._wake(binding.chat_id, binding.thread_id)
+        self._wake(binding.target)
 
     async def answer(self, text: str, *, fmt: str | None = None) -> None:
         """An answer in the control topic (the leader's own binding)."""
@@ -151,4 +153,4 @@ class Notices:
                                    kind="notice", payload={"text": text[:4096]}, now_ms=now,
                                    authority=authority or self._term.authority(), priority=Priority.CONTROL,
                                    units=utf16_len(text[:4096]), fmt=fmt)
-        self._wake(chat_id, thread_id)
+        self._wake(Target(chat_id, thread_id))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from topicbus.core.display import NEW_DATABASE_DISPLAY_MODE, DisplayMode
 from topicbus.leader.term import LeaderTerm
-from topicbus.storage.db import Authority
+from topicbus.core.authority import Authority
 from topicbus.storage.runtime_settings import (CLEANUP_POLICY, DISPLAY_MODE, DISPLAY_MODE_DEFAULT,
                                                RuntimeSettingsRepository)
 

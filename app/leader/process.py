@@ -23,7 +23,8 @@ from telegram.ext import Application, ContextTypes
 
 from topicbus import __version__, handlers
 from topicbus.bot.chat_check import check_chat, setup_fix
-from topicbus.bot.gateway import CallResult, TelegramGateway, redact_bot_urls
+from topicbus.core.telegram import CallResult
+from topicbus.bot.gateway import TelegramGateway, redact_bot_urls
 from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
@@ -47,7 +48,8 @@ from topicbus.retry import Backoff, sleep_or_stop
 from topicbus.settings import Settings
 from topicbus.speech.client import TranscriptionEndpoint
 from topicbus.storage.admission import AdmissionBlocked
-from topicbus.storage.db import Authority, Database, StorageUnavailable
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database, StorageUnavailable
 from topicbus.storage.lease import LeaseRepository
 
 STANDBY_POLL_S = 0.5

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from topicbus.bot.gateway import Outcome
+from topicbus.core.telegram import CallOutcome
 from topicbus.leader.outbound import ScheduledGateway
 from topicbus.core.display import DisplayBinding, initial_display_title
 from topicbus.core.slots import FreeSlot, Protection, SlotCandidate, plan_slot_allocation, to_durable_slot
@@ -22,7 +22,7 @@ from topicbus.core.workspace import WorkspaceIdentity
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.term import LeaderTerm
 from topicbus.storage.bindings import Binding, BindingRepository, OwnerRecord
-from topicbus.storage.db import Authority
+from topicbus.core.authority import Authority
 from topicbus.storage.outbox import OutboxRepository
 
 
@@ -70,7 +70,7 @@ class TopicProvisioner:
                 binding = await self._reserve(request, authority)
             title = await self._initial_title(binding)
             result = await self._gateway.create_topic(binding.chat_id, title)
-            if result.outcome is not Outcome.OK:
+            if result.outcome is not CallOutcome.OK:
                 raise TopicCreationFailed(f"Telegram did not create the topic ({result.outcome}): {result.message}")
             thread_id = int(result.value)
             async with self._term.unit_of_work(authority) as uow:
@@ -93,10 +93,10 @@ class TopicProvisioner:
         Telegram will not reopen, is replaced by a new one (the caller creates it). Raises
         :class:`TopicCreationFailed` when Telegram's answer is unknown (the registration is retried)."""
         assert binding.thread_id is not None
-        result = await self._gateway.reopen_topic(binding.chat_id, binding.thread_id)
+        result = await self._gateway.reopen_topic(binding.target)
         self._term.events.record("Reopening a closed topic before binding it again", phase="topic-reopen",
                                  threadId=binding.thread_id, outcome=str(result.outcome))
-        if result.outcome in (Outcome.AMBIGUOUS, Outcome.RETRY_AFTER):
+        if result.outcome in (CallOutcome.AMBIGUOUS, CallOutcome.RETRY_AFTER):
             raise TopicCreationFailed(f"Telegram did not reopen the closed topic ({result.outcome}): {result.message}")
         async with self._term.unit_of_work(authority) as uow:
             if result.ok:

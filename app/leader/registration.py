@@ -30,7 +30,7 @@ from topicbus.protocol import (ErrorCode, FollowerRequest, ProtocolError, Regist
                                superseded_frame)
 from topicbus.storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger, Scope
 from topicbus.storage.bindings import BindingRepository, OwnerRecord
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.authority import AuthorityLost
 
 
 class Registrations:

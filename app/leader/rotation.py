@@ -23,22 +23,22 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from topicbus.bot.gateway import Outcome
+from topicbus.core.telegram import CallOutcome
 from topicbus.leader.outbound import ScheduledGateway
-from topicbus.core.retirement import (AcquireFence, AdoptFence, Cancel, Commit, DeleteTopic, DropIntent, FenceView,
-                                      Finish, IntentView, IssueDeletion, MarkCommitReady, MarkRejected, PrepareIntent,
-                                      ProbeTopic, RemoveFence, RestampIntent, RetirementState, RotationResult,
-                                      next_step)
+from topicbus.core.retirement import (AcquireFence, AdoptFence, Cancel, Commit, DeleteTopic, DeletionAnswer,
+                                      DropIntent, FenceView, Finish, IntentView, IssueDeletion, MarkCommitReady,
+                                      MarkRejected, PrepareIntent, ProbeTopic, RemoveFence, RestampIntent,
+                                      RetirementState, RotationResult, next_step)
+from topicbus.core.target import Target
 from topicbus.core.slots import (Evidence, ExternalEvidence, LocalOccupancy, OccupancyBinding, Protection,
                                  capture_occupancy)
-from topicbus.core.target import Target
 from topicbus.leader.provisioning import SlotUnavailable
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
 from topicbus.storage.admission import AdmissionLedger, Fence
 from topicbus.storage.bindings import Binding, BindingRepository
 from topicbus.storage.cleanups import CleanupRepository
-from topicbus.storage.db import Authority
+from topicbus.core.authority import Authority
 from topicbus.storage.journal import JournalRepository
 from topicbus.storage.outbox import OutboxRepository
 from topicbus.storage.retirement import RetirementIntent, RetirementRepository
@@ -120,7 +120,7 @@ class SlotRotation:
     async def _run(self, authority: Authority, *, prepare: bool) -> RotationResult:
         """The executor: observe, decide (pure), act — until the step function finishes."""
         issued = False
-        outcome: Any = None
+        outcome: DeletionAnswer | None = None
         for _ in range(MAX_STEPS):
             intents, fence = await asyncio.gather(self._intents.all(), self._admission.fence())
             state = await self._observe(authority, prepare, intents, fence, issued, outcome)
@@ -199,7 +199,7 @@ class SlotRotation:
         return RotationResult("retained", "no-progress")
 
     async def _observe(self, authority: Authority, prepare: bool, intents: list[RetirementIntent],
-                       fence: Fence | None, issued: bool, outcome: Any) -> RetirementState:
+                       fence: Fence | None, issued: bool, outcome: DeletionAnswer | None) -> RetirementState:
         read: dict[str, Binding | None] = {}  # each binding read once per observation (fence and intent share it)
 
         async def binding(key: str) -> Binding | None:
@@ -241,22 +241,23 @@ class SlotRotation:
             await RetirementRepository.insert_tx(uow, intent)
         return True
 
-    async def _delete_once(self, intent: RetirementIntent) -> str:
+    async def _delete_once(self, intent: RetirementIntent) -> DeletionAnswer:
         if intent.thread_id is None:
             return "absent"  # the topic was already deleted (cleanup); nothing to ask Telegram
-        result = await self._gateway.delete_topic(intent.chat_id, intent.thread_id)
-        if result.outcome in (Outcome.OK, Outcome.GONE):
+        result = await self._gateway.delete_topic(intent.target)
+        if result.outcome in (CallOutcome.OK, CallOutcome.GONE):
             return "absent"
-        if result.outcome in (Outcome.REJECTED, Outcome.RETRY_AFTER, Outcome.NOT_MODIFIED):
+        if result.outcome in (CallOutcome.REJECTED, CallOutcome.RETRY_AFTER, CallOutcome.NOT_MODIFIED):
             return "rejected"
         return "unknown"
 
-    async def _probe(self, intent: RetirementIntent) -> str:
+    async def _probe(self, intent: RetirementIntent) -> DeletionAnswer:
         """Non-destructive visibility probe of the exact thread whose deletion outcome is unknown."""
         if intent.thread_id is None:
             return "absent"
-        result = await self._gateway.send_chat_action(intent.chat_id, intent.thread_id, "typing")
-        answer = {Outcome.GONE: "absent", Outcome.OK: "present"}.get(result.outcome, "unknown")
+        result = await self._gateway.send_chat_action(intent.target, "typing")
+        answer: DeletionAnswer = "absent" if result.outcome is CallOutcome.GONE else (
+            "present" if result.outcome is CallOutcome.OK else "unknown")
         self._events.record("Probed a topic whose deletion outcome was unknown", phase="workspace-rotation-probe",
                             threadId=intent.thread_id, answer=answer)
         return answer

@@ -35,10 +35,10 @@ from typing import Any
 
 from loguru import logger
 
-from topicbus.bot.gateway import FileStream
+from topicbus.ports.telegram import FileDownload
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.startup import StartupWindow, Timers
-from topicbus.leader.delivery import FollowerConnection
+from topicbus.ports.bus import FollowerConnection
 from topicbus.leader.inbound import combine_album, too_large_files, too_large_notice
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundScheduler, ScheduledGateway
@@ -49,7 +49,8 @@ from topicbus.leader.transcription import TRANSCRIBE, Cause, Transcriber
 from topicbus.core.formatting import utf16_len
 from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES, ErrorCode, ProtocolError, SendRequest
 from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.db import Authority, AuthorityLost, UnitOfWork
+from topicbus.core.authority import Authority, AuthorityLost
+from topicbus.storage.db import UnitOfWork
 from topicbus.storage.journal import JournalItem, JournalRepository
 from topicbus.storage.outbox import OutboxRepository
 
@@ -143,7 +144,7 @@ class Router:
         for binding_key in sorted(pending - owned):
             binding = await self._bindings.get(binding_key)
             if binding is not None and binding.kind == "follower" and binding.has_live_topic:
-                self._outbound.stream_ends(binding.chat_id, binding.thread_id)
+                self._outbound.stream_ends(binding.target)
 
     async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
                                   payload: dict[str, Any], *, media_group: str | None = None) -> RouteResult:
@@ -385,7 +386,7 @@ class Router:
             await self._roster.hub.receipt(entry.binding_key, delivery_id)
 
     @asynccontextmanager
-    async def open_document(self, file_id: str) -> AsyncIterator[FileStream | None]:
+    async def open_document(self, file_id: str) -> AsyncIterator[FileDownload | None]:
         """The bytes of a document an owner sent, streamed from Telegram while the block runs; only
         if it was routed to a follower (the bus is not a general proxy for Telegram files). None
         when it was not, or Telegram does not give it (unknown, over 20 MB, unreachable)."""
@@ -426,14 +427,14 @@ class Router:
             counted = self._backlog.setdefault(key, [0, 0])
             counted[0] += 1
             counted[1] += size
-        self._outbound.wake(target.chat_id, target.thread_id)
+        self._outbound.wake(target)
         return {"outboxId": outbox_id}
 
     def stream_ends(self, entry: FollowerRecord) -> None:
         """The follower leaves gracefully: its queued output is the end of its stream, sent as one
         notifying message where it fits (``core/output``)."""
         if entry.target is not None:
-            self._outbound.stream_ends(entry.target.chat_id, entry.target.thread_id)
+            self._outbound.stream_ends(entry.target)
 
     async def _check_backlog(self, binding_key: str, size: int) -> None:
         """The in-memory count only ever over-estimates (sent rows are not subtracted); when it says

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from topicbus.core.target import Target
+
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.leader.outbound import OutboundScheduler
 from topicbus.leader.preferences import Preferences
@@ -62,8 +64,8 @@ class StatusView:
                 "bindingKey": b.binding_key, "slot": b.slot, "title": b.title, "threadId": b.thread_id,
                 "kind": b.kind, "cwd": b.cwd, "session": b.session, "state": state, "topicState": b.topic_state,
                 "inactiveSinceMs": b.inactive_since_ms, "queued": queued.get(b.binding_key, 0),
-                "outboxItems": backlog.get((b.chat_id, b.thread_id), (0, 0))[0],
-                "outboxUnits": backlog.get((b.chat_id, b.thread_id), (0, 0))[1],
+                "outboxItems": backlog.get(Target(b.chat_id, b.thread_id), (0, 0))[0],
+                "outboxUnits": backlog.get(Target(b.chat_id, b.thread_id), (0, 0))[1],
                 "heartbeatAgeMs": (now - live.last_heartbeat_ms) if live else None,
                 "instanceId": live.instance_id if live else None,
                 "deletesInMs": max(0, ending[b.binding_key].due_at_ms - now) if state == "ending" else None,

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from topicbus.core.clock import Clock
 from topicbus.logsetup import EventJournal
-from topicbus.storage.db import Authority, AuthorityLost, Database, UnitOfWork
+from topicbus.core.authority import Authority, AuthorityLost
+from topicbus.storage.db import Database, UnitOfWork
 
 
 @dataclass

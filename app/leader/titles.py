@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from topicbus.bot.gateway import Outcome
+from topicbus.core.telegram import CallOutcome
 from topicbus.leader.outbound import ScheduledGateway
 from topicbus.core.display import DisplayBinding, DisplayMode, resolve_display_titles
 from topicbus.core.startup import StartupWindow, Timers
@@ -25,7 +25,7 @@ from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import ControlTopic, TopicCache, mark_topic_gone
 from topicbus.storage.admission import PROFILE, AdmissionLedger
 from topicbus.storage.bindings import Binding, BindingRepository
-from topicbus.storage.db import Authority
+from topicbus.core.authority import Authority
 
 DEBOUNCE_JOB_ID = "topicbus.display-debounce"
 DEBOUNCE_S = 1.0
@@ -109,9 +109,9 @@ class DisplayReconciler:
             if edit_authority is None or not title or binding.title == title:
                 continue
             self._assert_current(authority, mode, binding, edit_authority)
-            result = await self._gateway.edit_topic(binding.chat_id, binding.thread_id or 0, title)
-            if result.outcome is Outcome.GONE:
-                await mark_topic_gone(self._term, self._titles, self._roster, binding.chat_id, binding.thread_id or 0)
+            result = await self._gateway.edit_topic(binding.target, title)
+            if result.outcome is CallOutcome.GONE:
+                await mark_topic_gone(self._term, self._titles, self._roster, binding.target)
                 continue
             if not result.ok:
                 raise DisplayEditFailed(f"editForumTopic for slot {binding.slot} failed ({result.outcome}): "

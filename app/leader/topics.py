@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from topicbus.core.target import Target
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
 from topicbus.storage.bindings import BindingRepository
@@ -113,23 +114,23 @@ class TopicCache:
         self._topics.pop(binding_key, None)
 
 
-async def record_topic_gone(term: LeaderTerm, topics: TopicCache, chat_id: int, thread_id: int) -> str | None:
+async def record_topic_gone(term: LeaderTerm, topics: TopicCache, topic: Target) -> str | None:
     """Telegram says the topic does not exist: mark its binding's topic deleted (the binding keeps
     slot and name). Its follower learns it at its next heartbeat, registers again and gets a new
     topic. Returns the binding key, if a binding held that topic."""
     async with term.unit_of_work() as uow:
-        key = await BindingRepository.mark_topic_deleted_tx(uow, chat_id, thread_id, term.now_ms())
+        key = await BindingRepository.mark_topic_deleted_tx(uow, topic.chat_id, topic.thread_id, term.now_ms())
     if key is None:
         return None
     topics.invalidate(key)
     term.events.record("Topic is gone; binding kept for re-provisioning", phase="topic-deleted",
-                       chatId=chat_id, threadId=thread_id)
+                       chatId=topic.chat_id, threadId=topic.thread_id)
     return key
 
 
-async def mark_topic_gone(term: LeaderTerm, topics: TopicCache, roster: Roster, chat_id: int, thread_id: int) -> bool:
+async def mark_topic_gone(term: LeaderTerm, topics: TopicCache, roster: Roster, topic: Target) -> bool:
     """:func:`record_topic_gone`, and its followers dropped from routing at once."""
-    key = await record_topic_gone(term, topics, chat_id, thread_id)
+    key = await record_topic_gone(term, topics, topic)
     if key is None:
         return False
     roster.drop_binding(key)
@@ -145,7 +146,7 @@ class TopicEvents:
         self._on_roster_change = on_roster_change
 
     async def gone(self, chat_id: int, thread_id: int) -> None:
-        if await mark_topic_gone(self._term, self._topics, self._roster, chat_id, thread_id):
+        if await mark_topic_gone(self._term, self._topics, self._roster, Target(chat_id, thread_id)):
             self._on_roster_change()
 
     async def state_changed(self, chat_id: int, thread_id: int, state: str) -> None:

@@ -35,7 +35,8 @@ from typing import Any
 
 from loguru import logger
 
-from topicbus.bot.gateway import CallResult, DownloadInterrupted, FileStream
+from topicbus.core.telegram import CallResult, DownloadInterrupted
+from topicbus.ports.telegram import FileDownload
 from topicbus.leader.inbound import transcript_item
 from topicbus.leader.notices import Notices
 from topicbus.leader.term import LeaderTerm
@@ -43,7 +44,7 @@ from topicbus.metadata import clean_metadata
 from topicbus.retry import Backoff
 from topicbus.speech.client import TranscriptionClient, TranscriptionEndpoint, TranscriptionFailed
 from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.authority import AuthorityLost
 from topicbus.storage.journal import JournalItem, JournalRepository
 from topicbus.storage.runtime_settings import TRANSCRIPTION_ANNOUNCED, RuntimeSettingsRepository
 
@@ -237,7 +238,7 @@ class Transcriber:
         too_large = TranscriptionFailed("the voice note is larger than its length allows")
         async with self._download(str(file.get("fileId") or "")) as result:
             stream = result.value if result.ok else None
-            if not isinstance(stream, FileStream):
+            if not isinstance(stream, FileDownload):
                 raise TranscriptionFailed("the voice note could not be downloaded from Telegram")
             if stream.size is not None and stream.size > self.options.max_bytes:
                 raise too_large

@@ -26,7 +26,8 @@ from topicbus.protocol import (ProtocolError, Registration, decode_frame, discon
                                heartbeat_frame, register_frame)
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.display import DisplayMode
-from topicbus.storage.db import Authority, Database
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database
 from topicbus.storage.lease import LeaseRepository
 from tests.doubles import FakeLiveness
 from tests.fakebotapi import FakeBotApi

@@ -14,7 +14,7 @@ import pytest
 from tests.integration.store_env import StoreEnv
 from topicbus.storage.admission import (PROFILE, AdmissionBlocked, AdmissionError, AdmissionLedger, Fence, Scope,
                                         hold_id)
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.authority import AuthorityLost
 
 CHAT = -1001234567890
 OTHER_CHAT = -1009999999999

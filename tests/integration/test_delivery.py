@@ -21,7 +21,7 @@ from topicbus.leader import delivery
 from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.inbound import InboundScreen, combine_album, control_item, edit_item, media_item
 from topicbus.protocol import CAP_CONTROL
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.authority import AuthorityLost
 from topicbus.storage.journal import JournalItem, JournalRepository
 
 A, B = "binding-a", "binding-b"

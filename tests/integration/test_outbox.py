@@ -16,7 +16,7 @@ import pytest
 from tests.integration.store_env import StoreEnv
 from topicbus.core.budget import Priority
 from topicbus.core.output import QueuedItem
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.authority import AuthorityLost
 from topicbus.storage.outbox import OutboxRepository, TopicBacklog
 
 CHAT = -1001234567890

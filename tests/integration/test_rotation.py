@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from topicbus.core.target import Target
 from topicbus.protocol import ErrorCode
 from topicbus.leader import outbound
 from topicbus.leader.rotation import SimulatedCrash
@@ -84,7 +85,7 @@ async def test_rotation_calls_do_not_wait_for_the_schedulers_output_pause(off: L
     await env.start()
     olds = await fill(env)
     monkeypatch.setattr(outbound, "WAKE_DEBOUNCE_S", 60.0)  # a pause no registration could wait out
-    env.services.outbound.wake(CHAT, olds[3]["threadId"])  # the outbox changed, as on a graceful exit
+    env.services.outbound.wake(Target(CHAT, olds[3]["threadId"]))  # the outbox changed, as on a graceful exit
     await env.fake.wait_for(lambda: pausing_for_output(env), message="the scheduler pausing for output")
     env.fake.reset_calls()
     async with asyncio.timeout(10):

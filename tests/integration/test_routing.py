@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from topicbus.core.target import Target
 from topicbus.leader.routing import OFFLINE_NOTICE
 from tests.integration.leader_env import CHAT, LeaderEnv
 from tests.support.waiting import wait_until
@@ -76,7 +77,7 @@ async def test_output_waiting_for_a_deleted_topic_goes_to_the_binding_s_new_topi
     await OutboxRepository(env.db).enqueue(
         binding_key=r["bindingKey"], chat_id=CHAT, thread_id=old, instance_id="a", request_id="r1", kind="text",
         payload={"text": "written while the topic was gone"}, now_ms=env.clock.now_ms(), authority=env.authority)
-    services.outbound.wake(CHAT, old)
+    services.outbound.wake(Target(CHAT, old))
     # Telegram answers "thread not found": the binding is marked deleted, the row stays pending.
     async def marked_deleted() -> bool:
         return (await env.binding("/w")).topic_state == "deleted"
@@ -104,7 +105,7 @@ async def test_topic_service_messages_update_the_store(env: LeaderEnv):
 async def test_journal_refuses_a_leader_that_lost_its_lease(env: LeaderEnv):
     import pytest
 
-    from topicbus.storage.db import AuthorityLost
+    from topicbus.core.authority import AuthorityLost
 
     services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
