@@ -146,7 +146,8 @@ async def _get_updates_round_trip(n: int) -> float:
 
 
 async def _storage_steps(workdir: Path, n: int) -> tuple[dict[str, float], dict[str, float]]:
-    from topicbus.storage.bindings import Binding, BindingRepository
+    from topicbus.core.bindings import Binding
+    from topicbus.storage.bindings import BindingRepository
     from topicbus.storage.db import Database
     from topicbus.storage.journal import JournalRepository
     from topicbus.storage.lease import LeaseRepository

@@ -9,24 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from topicbus.core.output import TopicBacklog
 from topicbus.core.budget import Priority
 from topicbus.core.output import QueuedItem
 from topicbus.core.authority import Authority
 from topicbus.storage.db import Database, UnitOfWork
-
-
-@dataclass(frozen=True)
-class TopicBacklog:
-    """What waits for one topic."""
-
-    chat_id: int
-    thread_id: int | None
-    items: int
-    units: int  # UTF-16 units of pending text
-    head_id: int
 
 
 class OutboxRepository:

@@ -5,12 +5,6 @@ from __future__ import annotations
 from topicbus.core.authority import Authority
 from topicbus.storage.db import Database
 
-CLEANUP_POLICY = "thread_cleanup"
-DISPLAY_MODE = "display_mode"
-DISPLAY_MODE_DEFAULT = "display_mode_default"  # this database's mode when nothing else says (migration 004)
-WELCOMED = "welcomed"  # the first-start welcome was posted (or the database predates it)
-TRANSCRIPTION_ANNOUNCED = "transcription_announced"  # the endpoint host the control topic was told about
-
 
 class RuntimeSettingsRepository:
     def __init__(self, db: Database):

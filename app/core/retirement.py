@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from topicbus.core.bindings import Binding
+from topicbus.core.target import Target
 from topicbus.core.slots import BlockedSlot, FreeSlot, SlotPlan
 
 #: What Telegram's answer to the deletion (or the probe after it) says of the topic.
@@ -196,3 +198,23 @@ def next_step(s: RetirementState) -> Action:
     if fence.phase == "commit-ready":
         return Commit()
     return _retained("fence-conflict")
+
+
+@dataclass(frozen=True)
+class RetirementIntent:
+    id: str
+    binding_key: str
+    binding: Binding  # exact snapshot of the victim binding when the intent was made
+    slot: str
+    chat_id: int
+    thread_id: int | None
+    leader_epoch: int
+    requested_at_ms: int
+
+    @property
+    def target(self) -> Target:
+        return Target(self.chat_id, self.thread_id)
+
+    @staticmethod
+    def make_id(binding: Binding) -> str:
+        return f"workspace-retirement:pressure:{binding.binding_key}:{binding.slot}:{binding.inactive_since_ms}"

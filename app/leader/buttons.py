@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from topicbus.ports.store import Store, UnitOfWork
+from topicbus.core.clock import Clock
 from topicbus.core.telegram import CallOutcome
 from topicbus.core.formatting import MAX_MESSAGE, Entity, Rendered
 from topicbus.core.press_answers import Offer
@@ -47,12 +49,10 @@ from topicbus.leader.keyboards import parse_callback
 from topicbus.leader.outbound import ScheduledGateway
 from topicbus.leader.press_answers import PressAnswerLane
 from topicbus.leader.routing import Router
-from topicbus.leader.term import LeaderTerm
+from topicbus.leader.term import LeaderTerm, TermTasks
 from topicbus.protocol import CAP_BUTTON
-from topicbus.storage.bindings import BindingRepository
 from topicbus.core.authority import AuthorityLost
-from topicbus.storage.db import UnitOfWork
-from topicbus.storage.keyboards import INTERRUPT, Keyboard, KeyboardRepository
+from topicbus.core.keyboards import INTERRUPT, Keyboard
 
 RESUME_WINDOW_MS = 24 * 3600 * 1000  # answered keyboards whose edit is still owed, at a term's start
 
@@ -124,14 +124,16 @@ def _restored(stored: dict | None) -> Rendered | None:
 
 class ButtonPresses:
     def __init__(self, term: LeaderTerm, router: Router, commands: AgentCommands, gateway: ScheduledGateway,
-                 answers: PressAnswerLane):
+                 answers: PressAnswerLane, *, store: Store, clock: Clock, tasks: TermTasks):
         self._term = term
+        self._clock = clock
+        self._tasks = tasks
         self._router = router
         self._commands = commands
         self._gateway = gateway
         self._answers = answers
-        self._keyboards = KeyboardRepository(term.db)
-        self._bindings = BindingRepository(term.db)
+        self._keyboards = store.keyboards
+        self._bindings = store.bindings
         self._showing: set[str] = set()  # keyboards whose choice is being shown now
         self.outcomes: dict[str, int] = {}
 
@@ -187,8 +189,8 @@ class ButtonPresses:
         item = button_item(button["data"], press.message_id, press.user_id)
 
         async def claim(uow: UnitOfWork) -> bool:
-            return await KeyboardRepository.claim_tx(uow, keyboard.token, update_id=press.update_id, index=index,
-                                                     user_id=press.user_id, now_ms=self._term.now_ms(),
+            return await uow.keyboards.claim(keyboard.token, update_id=press.update_id, index=index,
+                                                     user_id=press.user_id, now_ms=self._clock.now_ms(),
                                                      message_id=press.message_id, shown=_stored(shown))
 
         journaled = await self._router.route_bound(press.update_id, keyboard.binding_key, item,
@@ -228,7 +230,7 @@ class ButtonPresses:
     def _show_later(self, token: str) -> None:
         if token not in self._showing:
             self._showing.add(token)
-            self._term.spawn(self._show(token))
+            self._tasks.spawn(self._show(token))
 
     async def _show(self, token: str) -> None:
         try:
@@ -248,7 +250,7 @@ class ButtonPresses:
             result = await self._gateway.show_choice(keyboard.target, keyboard.message_id, None)
         if result.ok or result.outcome in (CallOutcome.REJECTED, CallOutcome.GONE):  # done, or nothing more can be done
             try:
-                await self._keyboards.mark_shown(token, self._term.now_ms(), self._term.authority())
+                await self._keyboards.mark_shown(token, self._clock.now_ms(), self._term.authority())
             except AuthorityLost:
                 return
         else:
@@ -257,7 +259,7 @@ class ButtonPresses:
 
     async def resume(self) -> int:
         """A new term: show the choice on messages answered before a crash and not edited yet."""
-        pending = await self._keyboards.unshown(self._term.now_ms() - RESUME_WINDOW_MS)
+        pending = await self._keyboards.unshown(self._clock.now_ms() - RESUME_WINDOW_MS)
         for keyboard in pending:
             self._show_later(keyboard.token)
         return len(pending)

@@ -26,12 +26,13 @@ from typing import Any
 
 from loguru import logger
 
+from topicbus.ports.store import Journal
 from topicbus.core.clock import Clock
 from topicbus.leader.inbound import HOLD, InboundScreen
 from topicbus.ports.bus import FollowerConnection
 from topicbus.protocol import deliver_frame, may_deliver
 from topicbus.core.authority import Authority
-from topicbus.storage.journal import JournalItem, JournalRepository, parse_delivery_id
+from topicbus.core.journal import JournalItem, parse_delivery_id
 
 
 PAGE = 500
@@ -52,7 +53,7 @@ class _Route:
 
 
 class DeliveryHub:
-    def __init__(self, journal: JournalRepository, clock: Clock, authority: Callable[[], Authority], *,
+    def __init__(self, journal: Journal, clock: Clock, authority: Callable[[], Authority], *,
                  screen: InboundScreen | None = None,
                  on_delivered: Callable[[list[JournalItem]], Awaitable[None]] | None = None):
         self._journal = journal

@@ -27,12 +27,13 @@ import dataclasses
 import re
 from typing import Any
 
+from topicbus.ports.store import Store
+from topicbus.core.clock import Clock
 from topicbus.core.telegram import InlineKeys
 from topicbus.core.registry import FollowerRecord, FollowerRegistry
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import CAP_BUTTON, CAP_CONTROL
-from topicbus.storage.keyboards import CHOICE, INTERRUPT, Keyboard, KeyboardRepository
-from topicbus.storage.outbox import OutboxRepository
+from topicbus.core.keyboards import CHOICE, INTERRUPT, Keyboard
 
 INTERRUPT_LABEL = "✋ Interrupt"
 INTERRUPT_DATA = "interrupt"
@@ -60,11 +61,12 @@ def keys(keyboard: Keyboard) -> InlineKeys:
 class Keyboards:
     """Makes and remembers the keyboards the outbound scheduler puts under messages."""
 
-    def __init__(self, term: LeaderTerm, registry: FollowerRegistry):
+    def __init__(self, term: LeaderTerm, registry: FollowerRegistry, *, store: Store, clock: Clock):
         self._term = term
+        self._clock = clock
         self._registry = registry
-        self.repo = KeyboardRepository(term.db)
-        self._outbox = OutboxRepository(term.db)
+        self.repo = store.keyboards
+        self._outbox = store.outbox
 
     async def for_message(self, chat_id: int, thread_id: int | None, *, head_id: int, last_id: int,
                           buttons: Any, printing: bool) -> Keyboard | None:
@@ -90,7 +92,7 @@ class Keyboards:
                                     instance_id=instance_id,
                                     generation=record.registration_generation if record is not None else "",
                                     takes_presses=takes, chat_id=chat_id, thread_id=thread_id, buttons=rows,
-                                    now_ms=self._term.now_ms(), authority=self._term.authority())
+                                    now_ms=self._clock.now_ms(), authority=self._term.authority())
 
     async def interrupt(self, chat_id: int, thread_id: int | None, outbox_id: int) -> Keyboard | None:
         """The Interrupt button for output row ``outbox_id``, if the process that printed it is
@@ -105,7 +107,7 @@ class Keyboards:
                                     instance_id=record.instance_id, generation=record.registration_generation,
                                     takes_presses=None, chat_id=chat_id, thread_id=thread_id,
                                     buttons=[[{"text": INTERRUPT_LABEL, "data": INTERRUPT_DATA}]],
-                                    now_ms=self._term.now_ms(), authority=self._term.authority())
+                                    now_ms=self._clock.now_ms(), authority=self._term.authority())
 
     def still_interruptible(self, keyboard: Keyboard) -> bool:
         """Whether the registration an Interrupt button belongs to is still the registered one."""

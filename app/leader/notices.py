@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from topicbus.ports.store import Store, UnitOfWork
+from topicbus.core.clock import Clock
 from topicbus.core.target import Target
 from topicbus.core.budget import Priority
 from topicbus.core.formatting import utf16_len
-from topicbus.leader.term import LeaderTerm
+from topicbus.leader.term import LeaderTerm, new_operation_id
 from topicbus.leader.topics import ControlTopic
-from topicbus.storage.bindings import Binding, BindingRepository
+from topicbus.core.bindings import Binding
 from topicbus.core.authority import Authority
-from topicbus.storage.db import UnitOfWork
-from topicbus.storage.outbox import OutboxRepository
-from topicbus.storage.runtime_settings import WELCOMED, RuntimeSettingsRepository
+from topicbus.core.runtime_settings import WELCOMED
 
 LEADER_INSTANCE = "leader"  # the outbox's instance id for everything the leader itself posts
 WELCOME_REQUEST_ID = "welcome"  # one per database: the outbox keeps (instance, request) unique
@@ -52,13 +52,16 @@ def restart_text(epoch: int) -> str:
 
 
 class Notices:
-    def __init__(self, term: LeaderTerm, control: ControlTopic, wake_outbound: Callable[[Target], None]):
+    def __init__(self, term: LeaderTerm, control: ControlTopic, wake_outbound: Callable[[Target], None], *,
+                 store: Store, clock: Clock, new_id: Callable[[], str] = new_operation_id):
         self._term = term
+        self._clock = clock
+        self._new_id = new_id
         self._control = control
         self._wake = wake_outbound
-        self._bindings = BindingRepository(term.db)
-        self._outbox = OutboxRepository(term.db)
-        self._settings = RuntimeSettingsRepository(term.db)
+        self._bindings = store.bindings
+        self._outbox = store.outbox
+        self._settings = store.settings
         self._hinted: dict[tuple[int, int | None], int] = {}  # place → when the last hint was posted
         self._agent_topics: set[tuple[int, int]] = set()  # thread ids are never reused: hits stay true
 
@@ -82,10 +85,10 @@ class Notices:
         payload: dict[str, Any] = {"text": text[:4096]}
         if reply_to is not None:
             payload["replyTo"] = reply_to
-        await OutboxRepository.enqueue_tx(uow, binding_key=binding.binding_key, chat_id=binding.chat_id,
+        await uow.outbox.enqueue(binding_key=binding.binding_key, chat_id=binding.chat_id,
                                           thread_id=binding.thread_id, instance_id=LEADER_INSTANCE,
                                           request_id=request_id, kind="notice", payload=payload,
-                                          now_ms=self._term.now_ms(), priority=Priority.CONTROL,
+                                          now_ms=self._clock.now_ms(), priority=Priority.CONTROL,
                                           units=utf16_len(text[:4096]))
         return True
 
@@ -104,7 +107,7 @@ class Notices:
         ``HINT_INTERVAL_MS`` per place; True when one was posted."""
         if thread_id is not None and await self._is_leader_topic(chat_id, thread_id):
             return False
-        place, now = (chat_id, thread_id), self._term.now_ms()
+        place, now = (chat_id, thread_id), self._clock.now_ms()
         last = self._hinted.get(place)
         if last is not None and now - last < HINT_INTERVAL_MS:
             return False
@@ -140,16 +143,16 @@ class Notices:
         authority = self._term.authority()
         await self._enqueue(binding.binding_key, binding.chat_id, binding.thread_id, text, authority,
                             request_id=WELCOME_REQUEST_ID)
-        await self._settings.set(WELCOMED, "posted", self._term.now_ms(), authority)
+        await self._settings.set(WELCOMED, "posted", self._clock.now_ms(), authority)
         return True
 
     async def _enqueue(self, binding_key: str, chat_id: int, thread_id: int | None, text: str,
                        authority: Authority | None, fmt: str | None = None, *,
                        request_id: str | None = None) -> None:
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         await self._outbox.enqueue(binding_key=binding_key, chat_id=chat_id, thread_id=thread_id,
                                    instance_id=LEADER_INSTANCE,
-                                   request_id=request_id or f"notice:{self._term.new_id()}",
+                                   request_id=request_id or f"notice:{self._new_id()}",
                                    kind="notice", payload={"text": text[:4096]}, now_ms=now,
                                    authority=authority or self._term.authority(), priority=Priority.CONTROL,
                                    units=utf16_len(text[:4096]), fmt=fmt)

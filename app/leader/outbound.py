@@ -38,6 +38,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from topicbus.core.clock import Clock
+from topicbus.ports.store import Store
+from topicbus.logsetup import EventJournal
 from topicbus.core.telegram import CallOutcome, CallResult
 from topicbus.ports.telegram import Telegram
 from topicbus.core.budget import BudgetConfig, ChatBudget, Priority
@@ -48,7 +51,6 @@ from topicbus.core.target import Target
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicOutput
 from topicbus.leader.term import LeaderTerm
-from topicbus.storage.outbox import OutboxRepository
 
 CALL_DEADLINE_S = 60.0
 WAKE_DEBOUNCE_S = 0.02
@@ -92,14 +94,15 @@ class _Call:
 class OutboundScheduler:
     def __init__(self, term: LeaderTerm, gateway: Telegram, options: OutboundOptions,
                  on_topic_gone: Callable[[Target], Awaitable[object]] | None = None,
-                 keyboards: Keyboards | None = None):
-        self._term = term
-        self._repo = OutboxRepository(term.db)
+                 keyboards: Keyboards | None = None, *, store: Store, clock: Clock, events: EventJournal):
+        self._events = events
+        self._repo = store.outbox
         self.options = options
         self.budget = ChatBudget(options.scheduler_budget())
         self._output = options.output
         self._sender = OutputSender(term, gateway, self._output_call, options.output, wake=self.wake,
-                                    on_topic_gone=on_topic_gone, keyboards=keyboards)
+                                    on_topic_gone=on_topic_gone, keyboards=keyboards, store=store, clock=clock,
+                                    events=events)
         self.stats = self._sender.stats
         self._topics: dict[Target, TopicOutput] = {}
         self._calls: deque[_Call] = deque()
@@ -228,7 +231,7 @@ class OutboundScheduler:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the scheduler must outlive any one failure
-                self._term.events.record(exc, phase="outbound-scheduler", level="ERROR")
+                self._events.record(exc, phase="outbound-scheduler", level="ERROR")
                 next_at = time.monotonic() + 1.0
             timeout = None if next_at == float("inf") else max(0.0, next_at - time.monotonic())
             try:
@@ -356,7 +359,7 @@ class OutboundScheduler:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the scheduler must outlive any one failure
-            self._term.events.record(exc, phase="outbound-scheduler", level="ERROR")
+            self._events.record(exc, phase="outbound-scheduler", level="ERROR")
             topic.paused_until = max(topic.paused_until, time.monotonic() + 1.0)
         finally:
             self._steps.pop(key, None)

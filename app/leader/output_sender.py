@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from topicbus.ports.store import Store
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
 from topicbus.core.telegram import CallOutcome, CallResult
 from topicbus.ports.telegram import Telegram
 from topicbus.core.budget import Priority
@@ -42,8 +45,7 @@ from topicbus.leader.keyboards import Keyboards, keys
 from topicbus.leader.term import LeaderTerm
 from topicbus.retry import Backoff
 from topicbus.core.authority import AuthorityLost
-from topicbus.storage.keyboards import INTERRUPT, Keyboard
-from topicbus.storage.outbox import OutboxRepository
+from topicbus.core.keyboards import INTERRUPT, Keyboard
 
 HEADS = 256  # the rows of a topic read for planning
 FILE_HEADS = 8192  # the rows read when a run goes out as a file (it may reach beyond the heads)
@@ -83,8 +85,10 @@ class OutputSender:
     def __init__(self, term: LeaderTerm, gateway: Telegram, call: Call, output: OutputConfig, *,
                  wake: Callable[[Target], None],
                  on_topic_gone: Callable[[Target], Awaitable[object]] | None = None,
-                 keyboards: Keyboards | None = None):
+                 keyboards: Keyboards | None = None, store: Store, clock: Clock, events: EventJournal):
         self._term = term
+        self._clock = clock
+        self._events = events
         self._gateway = gateway
         self._call = call
         self._output = output
@@ -93,7 +97,7 @@ class OutputSender:
         self._keyboards = keyboards
         self._live_keyboards: dict[Target, Keyboard] = {}  # the keyboard on each topic's live message
         self._screen_keyboards: dict[Target, Keyboard] = {}  # the keyboard on each topic's screen message
-        self._repo = OutboxRepository(term.db)
+        self._repo = store.outbox
         self._arrived: dict[int, int] = {}  # outbox id -> when this term first saw it (monotonic ms)
         self.stats = OutboundStats()
 
@@ -202,7 +206,7 @@ class OutputSender:
         except AuthorityLost:
             raise
         except Exception as exc:  # noqa: BLE001 - a keyboard is never worth holding output back
-            self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
+            self._events.record(exc, phase="outbound-keyboard", level="WARNING")
             return None
 
     async def _carried(self, key: Target, keyboard: Keyboard | None, message_id: int | None, *,
@@ -215,7 +219,7 @@ class OutputSender:
             except AuthorityLost:
                 raise
             except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
-                self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
+                self._events.record(exc, phase="outbound-keyboard", level="WARNING")
         if live and keyboard is not None:
             self._live_keyboards[key] = keyboard
         else:
@@ -335,7 +339,7 @@ class OutputSender:
         except AuthorityLost:
             raise
         except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
-            self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
+            self._events.record(exc, phase="outbound-keyboard", level="WARNING")
         self._screen_keyboards[key] = keyboard
 
     async def _as_file(self, key: Target, topic: TopicOutput, step: AsFile, now: float) -> None:
@@ -393,7 +397,7 @@ class OutputSender:
         authority = self._term.authority()
         ids = [i.id for i in items]
         if result.ok:
-            await self._repo.mark_sent(ids, self._term.now_ms(), message_id, authority)
+            await self._repo.mark_sent(ids, self._clock.now_ms(), message_id, authority)
             for item_id in ids:
                 self._arrived.pop(item_id, None)
             topic.backoff.reset()
@@ -401,7 +405,7 @@ class OutputSender:
             return True
         chat, thread = key.chat_id, key.thread_id
         if result.outcome is CallOutcome.RETRY_AFTER:  # the chat is paused already (the scheduler's wire)
-            self._term.events.record("Telegram flood control; the chat is paused", phase="outbox-retry-after",
+            self._events.record("Telegram flood control; the chat is paused", phase="outbox-retry-after",
                                      level="WARNING", chatId=chat, threadId=thread, retryAfterS=result.retry_after_s)
             await self._repo.note_attempt(ids[0], f"retry-after {result.retry_after_s}s", authority)
         elif result.outcome is CallOutcome.AMBIGUOUS:
@@ -414,7 +418,7 @@ class OutputSender:
                 await self._on_topic_gone(key)
             if failed := await self._repo.fail_unbound(chat, thread, "topic gone", authority):
                 self.stats.failed += failed
-                self._term.events.record("Topic is gone; output no binding can take elsewhere dropped",
+                self._events.record("Topic is gone; output no binding can take elsewhere dropped",
                                          phase="outbox-topic-gone", level="WARNING", chatId=chat, threadId=thread,
                                          items=failed)
                 self._wake(key)
@@ -424,7 +428,7 @@ class OutputSender:
             await self._repo.mark_failed(ids[0], f"{result.outcome}: {result.message}", authority)
             self._arrived.pop(ids[0], None)
             self.stats.failed += 1
-            self._term.events.record("Telegram rejected output", phase="outbox-rejected", level="WARNING",
+            self._events.record("Telegram rejected output", phase="outbox-rejected", level="WARNING",
                                      chatId=chat, threadId=thread, error=result.message)
             self._wake(key)
         return False
@@ -433,7 +437,7 @@ class OutputSender:
         """A send into a closed topic: reopen it, then the same output is sent again (never dropped)."""
         chat, thread = key.chat_id, key.thread_id
         assert thread is not None
-        self._term.events.record("Topic was closed; reopening it before sending", phase="topic-reopen",
+        self._events.record("Topic was closed; reopening it before sending", phase="topic-reopen",
                                  chatId=chat, threadId=thread)
         result = await self._send(key, True, lambda: self._gateway.reopen_topic(key), Priority.ANSWER)
         await self._repo.note_attempt(item_id, f"topic closed; reopen: {result.outcome}", self._term.authority())

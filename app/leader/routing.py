@@ -35,6 +35,9 @@ from typing import Any
 
 from loguru import logger
 
+from topicbus.ports.store import Store, UnitOfWork
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
 from topicbus.ports.telegram import FileDownload
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.startup import StartupWindow, Timers
@@ -48,11 +51,8 @@ from topicbus.leader.topics import TopicsBeingBound
 from topicbus.leader.transcription import TRANSCRIBE, Cause, Transcriber
 from topicbus.core.formatting import utf16_len
 from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES, ErrorCode, ProtocolError, SendRequest
-from topicbus.storage.bindings import BindingRepository
 from topicbus.core.authority import Authority, AuthorityLost
-from topicbus.storage.db import UnitOfWork
-from topicbus.storage.journal import JournalItem, JournalRepository
-from topicbus.storage.outbox import OutboxRepository
+from topicbus.core.journal import JournalItem
 
 # A follower whose socket dropped (not pruned: its heartbeats were recent) reconnects within seconds;
 # an owner message meanwhile tells the owner it is offline only if it is still absent after this
@@ -97,8 +97,11 @@ class Router:
                  outbound: OutboundScheduler, *, timers: Timers | None = None,
                  album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None,
                  transcriber: Transcriber | None = None, startup: StartupWindow | None = None,
-                 reconnect_grace_s: float = RECONNECT_GRACE_S):
+                 reconnect_grace_s: float = RECONNECT_GRACE_S, store: Store, clock: Clock, events: EventJournal):
         self._term = term
+        self._store = store
+        self._clock = clock
+        self._events = events
         # After a leader start, agents are still reconnecting: no one is told an agent is offline
         # until the startup window ends, and then only about agents still absent.
         self._startup = startup
@@ -116,9 +119,9 @@ class Router:
         self._notices = notices
         self._outbound = outbound
         self._backlog: dict[str, list[int]] = {}  # binding key -> [items, bytes], an upper bound
-        self._bindings = BindingRepository(term.db)
-        self.journal = JournalRepository(term.db)
-        self.outbox = OutboxRepository(term.db)
+        self._bindings = store.bindings
+        self.journal = store.journal
+        self.outbox = store.outbox
         self._batch: list[Row] | None = None
         self._batch_received_at: float | None = None
         self._journal_lock = asyncio.Lock()
@@ -127,6 +130,11 @@ class Router:
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0}
 
     # --- inbound ----------------------------------------------------------------------------------
+    @property
+    def routed(self) -> int:
+        """Owner items routed (journaled for a follower) in this term."""
+        return self.stats["routed"]
+
     async def start(self) -> None:
         """A new term: albums left gathering by the previous leader are sealed one window from now."""
         for binding_key, group in await self.journal.gathering_groups():
@@ -234,7 +242,7 @@ class Router:
         # Voice notes to transcribe are journaled held: delivery stops there until the transcript is in.
         verdicts = {row[0]: verdict for row in rows if (verdict := self._voice_verdict(row)) is not None}
         async with self._journal_lock:  # appends and their first delivery stay in journal order
-            items = await self.journal.append_many(rows, self._term.now_ms(), authority,
+            items = await self.journal.append_many(rows, self._clock.now_ms(), authority,
                                                    held={u for u, v in verdicts.items() if v == TRANSCRIBE})
             self.stats["routed"] += len(items)
             self.stats["duplicates"] += len(rows) - len(items)
@@ -286,10 +294,10 @@ class Router:
         await self.flush_batch()
         authority = self._term.authority()
         async with self._journal_lock:  # appends and their first delivery stay in journal order
-            async with self._term.unit_of_work(authority) as uow:
+            async with self._store.unit_of_work(authority) as uow:
                 if not await claim(uow):
                     return None
-                item = await JournalRepository.append_tx(uow, update_id, binding_key, payload, self._term.now_ms(),
+                item = await uow.journal.append(update_id, binding_key, payload, self._clock.now_ms(),
                                                          for_instance=for_instance)
             if item is None:
                 return None
@@ -335,7 +343,7 @@ class Router:
     async def _seal(self, binding_key: str, group: str) -> None:
         """Fold an album's parts into one item (one transaction), then deliver it."""
         try:
-            sealed = await self.journal.seal_group(binding_key, group, combine_album, self._term.now_ms(),
+            sealed = await self.journal.seal_group(binding_key, group, combine_album, self._clock.now_ms(),
                                                    self._term.authority(), parts_per_item=MAX_MEDIA_FILES)
         except AuthorityLost:
             return  # the next leader seals it when its term starts
@@ -372,11 +380,11 @@ class Router:
             except AuthorityLost:
                 return
             except Exception as exc:  # noqa: BLE001 - a notice is never worth failing the window's end
-                self._term.events.record(exc, phase="offline-notice", level="WARNING")
+                self._events.record(exc, phase="offline-notice", level="WARNING")
 
     async def _notify_offline(self, binding_key: str, authority: Authority) -> None:
-        async with self._term.unit_of_work(authority) as uow:
-            first = await BindingRepository.set_offline_notified_tx(uow, binding_key)
+        async with self._store.unit_of_work(authority) as uow:
+            first = await uow.bindings.set_offline_notified(binding_key)
         if first:
             await self._notices.post(binding_key, OFFLINE_NOTICE, authority=authority)
 
@@ -408,7 +416,7 @@ class Router:
         if (req.chat_id is not None and req.chat_id != target.chat_id) or (
                 req.thread_id is not None and req.thread_id != target.thread_id):
             raise ProtocolError(ErrorCode.FOREIGN_TARGET, "A follower may only post into its own topic.")
-        self._roster.registry.heartbeat(entry.instance_id, self._term.now_ms())
+        self._roster.registry.heartbeat(entry.instance_id, self._clock.now_ms())
         message = req.message.model_dump(by_alias=True, exclude_none=True)
         kind = message.pop("type")
         key = entry.binding_key or ""
@@ -419,7 +427,7 @@ class Router:
             outbox_id, added = await self.outbox.enqueue(
                 binding_key=key, chat_id=target.chat_id, thread_id=target.thread_id,
                 instance_id=entry.instance_id, request_id=req.request_id, kind=kind, payload=message,
-                now_ms=self._term.now_ms(), authority=self._term.authority(), units=utf16_len(text),
+                now_ms=self._clock.now_ms(), authority=self._term.authority(), units=utf16_len(text),
                 fmt=message.get("format"), has_buttons=bool(message.get("buttons")))
         except AuthorityLost:
             raise ProtocolError(ErrorCode.NOT_LEADER, "Leader lost its lease while storing the message.") from None
@@ -453,6 +461,6 @@ class Router:
     async def purge_history(self, keep_ms: int) -> tuple[int, int]:
         """Drop delivered journal items and sent output older than ``keep_ms``."""
         authority = self._term.authority()
-        cutoff = self._term.now_ms() - keep_ms
+        cutoff = self._clock.now_ms() - keep_ms
         return (await self.journal.purge_delivered(cutoff, authority),
                 await self.outbox.purge_sent(cutoff, authority))

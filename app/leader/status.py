@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from topicbus.ports.store import Store
+from topicbus.core.clock import Clock
 from topicbus.core.target import Target
 
 from topicbus.leader.pruner import FollowerPruner
@@ -15,15 +17,15 @@ from topicbus.leader.rotation import SlotRotation
 from topicbus.leader.routing import Router
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import ControlTopic
-from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.cleanups import CleanupRepository, ScheduledCleanupRepository
 
 
 class StatusView:
     def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, control: ControlTopic,
                  router: Router, registrations: Registrations, outbound: OutboundScheduler, rotation: SlotRotation,
-                 pruner: FollowerPruner):
+                 pruner: FollowerPruner, store: Store, clock: Clock, chat_id: int):
         self._term = term
+        self._clock = clock
+        self._chat_id = chat_id
         self._roster = roster
         self._preferences = preferences
         self._control = control
@@ -32,12 +34,12 @@ class StatusView:
         self._outbound = outbound
         self._rotation = rotation
         self._pruner = pruner
-        self._bindings = BindingRepository(term.db)
-        self._cleanups = CleanupRepository(term.db)
-        self._scheduled = ScheduledCleanupRepository(term.db)
+        self._bindings = store.bindings
+        self._cleanups = store.cleanups
+        self._scheduled = store.scheduled_cleanups
 
     async def snapshot(self, role: str = "leader") -> dict[str, Any]:
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         followers = self._roster.followers()
         by_binding = {f.binding_key: f for f in followers}
         queued = await self._router.journal.count_pending()
@@ -71,7 +73,7 @@ class StatusView:
                 "deletesInMs": max(0, ending[b.binding_key].due_at_ms - now) if state == "ending" else None,
             })
         return {
-            "role": role, "epoch": self._term.epoch, "chatId": self._term.chat_id,
+            "role": role, "epoch": self._term.epoch, "chatId": self._chat_id,
             "cleanupPolicy": {True: "on", False: "off", None: "unknown"}[policy],
             "displayMode": str(self._preferences.display_mode),
             "controlThreadId": self._control.thread_id,

@@ -22,7 +22,8 @@ from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.inbound import InboundScreen, combine_album, control_item, edit_item, media_item
 from topicbus.protocol import CAP_CONTROL
 from topicbus.core.authority import AuthorityLost
-from topicbus.storage.journal import JournalItem, JournalRepository
+from topicbus.core.journal import JournalItem
+from topicbus.storage.journal import JournalRepository
 
 A, B = "binding-a", "binding-b"
 

@@ -17,7 +17,8 @@ from tests.integration.store_env import StoreEnv
 from topicbus.core.budget import Priority
 from topicbus.core.output import QueuedItem
 from topicbus.core.authority import AuthorityLost
-from topicbus.storage.outbox import OutboxRepository, TopicBacklog
+from topicbus.core.output import TopicBacklog
+from topicbus.storage.outbox import OutboxRepository
 
 CHAT = -1001234567890
 OTHER_CHAT = -1009999999999

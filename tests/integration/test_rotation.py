@@ -249,7 +249,7 @@ async def test_case14_leader_provisioning_takes_a_chat_scoped_hold(fake, tmp_pat
 
 async def test_case15_a_retained_fence_blocks_every_workspace_mutation(off: LeaderEnv):
     from topicbus.core.display import DisplayMode
-    from topicbus.storage.admission import AdmissionBlocked
+    from topicbus.core.admission import AdmissionBlocked
 
     env = off
     services = await env.start()

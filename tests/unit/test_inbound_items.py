@@ -15,7 +15,7 @@ from topicbus.leader.inbound import (BOT_DOWNLOAD_LIMIT, adapt_for, age_text, co
                                      too_large_notice)
 from topicbus.leader.reactions import reacted_messages, reaction_emoji
 from topicbus.protocol import Capabilities, Deliver, deliver_frame, encode, decode_leader_frame, message_item
-from topicbus.storage.journal import JournalItem
+from topicbus.core.journal import JournalItem
 
 os.environ.setdefault("PTB_TIMEDELTA", "true")
 

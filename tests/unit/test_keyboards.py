@@ -7,7 +7,8 @@ from topicbus.core.formatting import MAX_MESSAGE, Entity, Rendered
 from topicbus.leader.buttons import with_choice
 from topicbus.leader.keyboards import callback_data, keys, parse_callback
 from topicbus.protocol import MAX_BUTTON_ROWS, MAX_BUTTONS_PER_ROW
-from topicbus.storage.keyboards import CHOICE, Keyboard, new_token
+from topicbus.core.keyboards import CHOICE, Keyboard
+from topicbus.storage.keyboards import new_token
 
 
 def keyboard(rows: list[list[dict[str, str]]]) -> Keyboard:

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.support.waiting import wait_until
 from topicbus.leader.reactions import ReceiptReactions
-from topicbus.storage.journal import JournalItem
+from topicbus.core.journal import JournalItem
 
 
 def delivered(message_id: int) -> list[JournalItem]:
