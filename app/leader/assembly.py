@@ -165,10 +165,8 @@ def assemble(term: LeaderTerm, *, db: Database, bot: Bot, clock: Clock, events: 
     # is told it is offline.
     router = Router(term, roster, gateway, notices, outbound, timers=timers, being_bound=being_bound,
                     transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000, **kit)
-    agent_commands = AgentCommands(term, router, roster, notices,
-                                   OfflineQueue(term, store.journal, notices, screen, timers, clock=clock, events=events,
-                                                tasks=tasks),
-                                   clock=clock)
+    offline = OfflineQueue(term, store.journal, notices, screen, timers, clock=clock, events=events, tasks=tasks)
+    agent_commands = AgentCommands(term, router, roster, notices, offline, clock=clock)
     buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers, store=store, clock=clock, tasks=tasks)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
                                   admission=admission, mutations=mutations, pruner=pruner, titles=titles,

@@ -137,8 +137,8 @@ class LeaderEnv:
         self.term = LeaderTerm(self.owner)
         self.term.begin(self.authority)
         assert self.app.job_queue is not None
-        self.services = assemble(self.term, db=self.db, bot=self.bot, clock=self.clock, events=self.events, chat_id=CHAT,
-                                 timers=JobQueueTimers(self.app.job_queue),
+        self.services = assemble(self.term, db=self.db, bot=self.bot, clock=self.clock, events=self.events,
+                                 chat_id=CHAT, timers=JobQueueTimers(self.app.job_queue),
                                  liveness=self.liveness, default_cleanup=self.cleanup,  # type: ignore[arg-type]
                                  default_display_mode=self.display_mode, stale_after_ms=self.stale_after_ms,
                                  display_debounce_s=self.display_debounce_s,
