@@ -19,7 +19,7 @@ from typing import Any
 
 from loguru import logger
 from telegram.error import InvalidToken, NetworkError, TimedOut
-from telegram.ext import Application, ContextTypes
+from telegram.ext import Application, ContextTypes, JobQueue
 
 from topicbus import __version__
 from topicbus.bot.chat_check import check_chat, setup_fix
@@ -179,6 +179,111 @@ def transcription_options(s: Settings) -> TranscriptionOptions:
     return TranscriptionOptions(endpoint=endpoint, max_s=s.transcribe_max_s, timeout_s=s.transcribe_timeout_s)
 
 
+class ChatChecks:
+    """Before a term opens: can TOPICBUS_CHAT_ID hold topics, and the group's command menu. These
+    calls go to Telegram directly (no chat budget spent, and the scheduler has not started yet)."""
+
+    def __init__(self, chat_id: int, telegram: TelegramGateway):
+        self._chat_id = chat_id
+        self._telegram = telegram
+
+    async def run(self, bot_id: int) -> None:
+        """The command menu is read while the chat is checked (one round trip to Telegram fewer
+        before readiness), and set only once the chat passed: a wrong TOPICBUS_CHAT_ID changes
+        nothing. Raises :class:`FatalLeaderError` with the fix when the chat cannot be used."""
+        menu = asyncio.create_task(self._telegram.get_commands(self._chat_id), name="command-menu-read")
+        try:
+            await self._check_chat(bot_id)
+        except BaseException:
+            menu.cancel()
+            await asyncio.gather(menu, return_exceptions=True)
+            raise
+        await self._sync_command_menu(await menu)
+
+    async def _check_chat(self, bot_id: int) -> None:
+        """A chat the bot cannot run topics in is a configuration error: exit 2 with the fix."""
+        verdict = await check_chat(self._telegram, self._chat_id, bot_id)
+        if verdict.fix is not None:
+            raise FatalLeaderError(f"cannot use TOPICBUS_CHAT_ID {self._chat_id}: {verdict.fix}")
+        if verdict.note is not None:
+            logger.bind(phase="startup").warning("could not check the chat ({}); going on",
+                                                 redact_bot_urls(verdict.note))
+
+    async def _sync_command_menu(self, current: CallResult) -> None:
+        """The group's command menu, set only when it differs from Telegram's (a failure is not fatal)."""
+        outcome, detail = await sync_command_menu(self._telegram, self._chat_id, current=current)
+        if outcome is MenuSync.FAILED:
+            logger.bind(phase="startup").warning("command menu not set ({}); the commands still work", detail)
+        elif outcome is MenuSync.SET:
+            logger.bind(phase="startup").info("command menu set for the chat")
+
+
+class TermJobs:
+    """The term's periodic jobs on PTB's JobQueue: the lease refresh (from before the term opens),
+    then pruning, the history purge and, once, the heap freeze."""
+
+    def __init__(self, jq: JobQueue, settings: Settings, term: LeaderTerm, running: RunningTerm,
+                 leases: LeaseRepository, clock: Clock, health: LeaderHealth, *, on_lost: Callable[[], None]):
+        self._jq = jq
+        self._settings = settings
+        self._term = term
+        self._running = running
+        self._leases = leases
+        self._clock = clock
+        self._health = health
+        self._on_lost = on_lost
+
+    def start_lease_refresh(self) -> None:
+        every = self._settings.lease_refresh_ms / 1000
+        self._jq.run_repeating(self._refresh_lease, interval=every, first=every, name=LEASE_JOB_ID,
+                               job_kwargs={"id": LEASE_JOB_ID, "replace_existing": True, "misfire_grace_time": None,
+                                           "coalesce": True})
+
+    def start_term_jobs(self) -> None:
+        """Once the term is open and greeted."""
+        every = self._settings.prune_interval_ms / 1000
+        self._jq.run_repeating(self._prune, interval=every, first=every, name=PRUNE_JOB_ID,
+                               job_kwargs={"id": PRUNE_JOB_ID, "replace_existing": True, "coalesce": True,
+                                           "max_instances": 1, "misfire_grace_time": None})
+        self._jq.run_repeating(self._purge, interval=PURGE_INTERVAL_S, first=60, name=PURGE_JOB_ID,
+                               job_kwargs={"id": PURGE_JOB_ID, "replace_existing": True, "coalesce": True,
+                                           "max_instances": 1})
+        self._jq.run_once(self._freeze_heap, when=HEAP_FREEZE_AFTER_S, name=HEAP_FREEZE_JOB_ID,
+                          job_kwargs={"id": HEAP_FREEZE_JOB_ID, "replace_existing": True, "misfire_grace_time": None})
+
+    async def _freeze_heap(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """Everything the start built (PTB, handlers, the term's parts) lives as long as the term: keep
+        it out of the cyclic collector's scans so collections on the routing path stay short. Run once,
+        a moment after the start, so that readiness does not wait for the full collection before it."""
+        gc.collect()
+        gc.freeze()
+
+    async def _refresh_lease(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        authority = self._term.current()
+        if authority is None:
+            return
+        try:
+            still = await self._leases.refresh(authority, self._clock.now_ms())
+        except Exception as exc:  # noqa: BLE001 - a busy database: try again next tick
+            logger.bind(phase="lease").warning("lease refresh failed ({}); will retry", type(exc).__name__)
+            self._health.lease_failed(f"{type(exc).__name__}: {exc}"[:200])
+            return
+        if not still:
+            self._on_lost()
+        else:
+            self._health.lease_refreshed()
+
+    async def _purge(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        journal, outbox, keyboards = await self._running.purge_history(HISTORY_KEEP_MS, self._clock.now_ms())
+        if journal or outbox:
+            logger.bind(phase="purge").info("purged {} delivered messages and {} sent outputs", journal, outbox)
+        if keyboards:
+            logger.bind(phase="purge").info("purged {} inline keyboards", keyboards)
+
+    async def _prune(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        await self._running.prune()
+
+
 class Leadership:
     """Everything that exists only while this process holds the lease."""
 
@@ -223,21 +328,11 @@ class Leadership:
             outbound_options=outbound_options(s), offline_ttl_s=s.offline_ttl_s, receipt_reaction=s.receipt_reaction,
             cleanup_grace_s=s.cleanup_grace_s, transcription=transcription_options(s))
         self.running = running
-        # Before the term opens: the start-up checks call Telegram directly (no chat budget spent,
-        # and the scheduler has not started yet). The command menu is read while the chat is
-        # checked (one round trip to Telegram fewer before readiness), and set only once the chat
-        # passed: a wrong TOPICBUS_CHAT_ID changes nothing.
-        telegram = TelegramGateway(app.bot)
-        menu = asyncio.create_task(telegram.get_commands(s.chat_id or 0), name="command-menu-read")
         try:
-            await self._check_chat(telegram, app.bot.id)
-        except BaseException as exc:
-            menu.cancel()
-            await asyncio.gather(menu, return_exceptions=True)
-            if isinstance(exc, FatalLeaderError):
-                await app.shutdown()
+            await ChatChecks(s.chat_id or 0, TelegramGateway(app.bot)).run(app.bot.id)
+        except FatalLeaderError:
+            await app.shutdown()
             raise
-        await self._sync_command_menu(telegram, await menu)
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
                                    batch=self._journaled_batch(running),
                                    holds_lease=lambda: self.term.current() is not None and not self.lost.is_set())
@@ -245,23 +340,14 @@ class Leadership:
         running.register_handlers(app, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
         app.add_error_handler(self._handler_error)
         self.server.role, self.server.epoch = "starting", self.term.authority().epoch
+        jobs = TermJobs(jq, s, self.term, running, self._leases, self._clock, self.health, on_lost=self._lose)
         await app.start()
         try:
-            jq.run_repeating(self._refresh_lease, interval=s.lease_refresh_ms / 1000, first=s.lease_refresh_ms / 1000,
-                             name=LEASE_JOB_ID, job_kwargs={"id": LEASE_JOB_ID, "replace_existing": True,
-                                                            "misfire_grace_time": None, "coalesce": True})
+            jobs.start_lease_refresh()
             if not await running.open(provision_control=lambda: self._provision_control_topic(stop)):
                 return self.lost.is_set()
             await self._greet(running)
-            jq.run_repeating(self._prune, interval=s.prune_interval_ms / 1000, first=s.prune_interval_ms / 1000,
-                             name=PRUNE_JOB_ID, job_kwargs={"id": PRUNE_JOB_ID, "replace_existing": True,
-                                                            "coalesce": True, "max_instances": 1,
-                                                            "misfire_grace_time": None})
-            jq.run_repeating(self._purge, interval=PURGE_INTERVAL_S, first=60, name=PURGE_JOB_ID,
-                             job_kwargs={"id": PURGE_JOB_ID, "replace_existing": True, "coalesce": True,
-                                         "max_instances": 1})
-            jq.run_once(self._freeze_heap, when=HEAP_FREEZE_AFTER_S, name=HEAP_FREEZE_JOB_ID,
-                        job_kwargs={"id": HEAP_FREEZE_JOB_ID, "replace_existing": True, "misfire_grace_time": None})
+            jobs.start_term_jobs()
             self.server.publish(running.followers, self.term.authority().epoch)
             self.poller.start()
             await self._wait_until_done(stop)
@@ -281,23 +367,6 @@ class Leadership:
                 await running.notices.answer(restart_text(self.term.authority().epoch))
         except Exception as exc:  # noqa: BLE001 - a greeting is never worth a term (a lost lease shows up anyway)
             logger.bind(phase="startup").warning("control topic greeting not posted ({})", type(exc).__name__)
-
-    async def _check_chat(self, telegram: TelegramGateway, bot_id: int) -> None:
-        """A chat the bot cannot run topics in is a configuration error: exit 2 with the fix."""
-        chat_id = self.settings.chat_id or 0
-        verdict = await check_chat(telegram, chat_id, bot_id)
-        if verdict.fix is not None:
-            raise FatalLeaderError(f"cannot use TOPICBUS_CHAT_ID {chat_id}: {verdict.fix}")
-        if verdict.note is not None:
-            logger.bind(phase="startup").warning("could not check the chat ({}); going on", redact_bot_urls(verdict.note))
-
-    async def _sync_command_menu(self, telegram: TelegramGateway, current: CallResult) -> None:
-        """The group's command menu, set only when it differs from Telegram's (a failure is not fatal)."""
-        outcome, detail = await sync_command_menu(telegram, self.settings.chat_id or 0, current=current)
-        if outcome is MenuSync.FAILED:
-            logger.bind(phase="startup").warning("command menu not set ({}); the commands still work", detail)
-        elif outcome is MenuSync.SET:
-            logger.bind(phase="startup").info("command menu set for the chat")
 
     async def _provision_control_topic(self, stop: asyncio.Event) -> bool:
         """The control topic is needed before followers are accepted; retry until Telegram allows it."""
@@ -364,28 +433,6 @@ class Leadership:
         self.lost.set()
         self.term.revoke()
 
-    async def _freeze_heap(self, context: ContextTypes.DEFAULT_TYPE) -> None:
-        """Everything the start built (PTB, handlers, services) lives as long as the term: keep it out
-        of the cyclic collector's scans so collections on the routing path stay short. Run once, a
-        moment after the start, so that readiness does not wait for the full collection before it."""
-        gc.collect()
-        gc.freeze()
-
-    async def _refresh_lease(self, context: ContextTypes.DEFAULT_TYPE) -> None:
-        authority = self.term.current()
-        if authority is None:
-            return
-        try:
-            still = await self._leases.refresh(authority, self._clock.now_ms())
-        except Exception as exc:  # noqa: BLE001 - a busy database: try again next tick
-            logger.bind(phase="lease").warning("lease refresh failed ({}); will retry", type(exc).__name__)
-            self.health.lease_failed(f"{type(exc).__name__}: {exc}"[:200])
-            return
-        if not still:
-            self._lose()
-        else:
-            self.health.lease_refreshed()
-
     def _journaled_batch(self, running: RunningTerm) -> Callable[[float], AbstractAsyncContextManager[None]]:
         """The router's inbound batch, reporting to the health whether the journal took it."""
         @asynccontextmanager
@@ -399,18 +446,6 @@ class Leadership:
             self.health.journal_written()
 
         return batch
-
-    async def _purge(self, context: ContextTypes.DEFAULT_TYPE) -> None:
-        if self.running is not None:
-            journal, outbox, keyboards = await self.running.purge_history(HISTORY_KEEP_MS, self._clock.now_ms())
-            if journal or outbox:
-                logger.bind(phase="purge").info("purged {} delivered messages and {} sent outputs", journal, outbox)
-            if keyboards:
-                logger.bind(phase="purge").info("purged {} inline keyboards", keyboards)
-
-    async def _prune(self, context: ContextTypes.DEFAULT_TYPE) -> None:
-        if self.running is not None:
-            await self.running.prune()
 
     async def _handler_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         if context.error is not None and update is not None:
