@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from topicbus.core.target import Target
 from topicbus.core.bindings import Binding, OwnerRecord
 from topicbus.storage.db import Database, UnitOfWork
 
@@ -29,10 +30,10 @@ class BindingRepository:
         row = await self._db.fetch_one("SELECT * FROM workspace_bindings WHERE binding_key = ?", (binding_key,))
         return None if row is None else _binding(row)
 
-    async def by_target(self, chat_id: int, thread_id: int) -> Binding | None:
+    async def by_target(self, topic: Target) -> Binding | None:
         row = await self._db.fetch_one(
             "SELECT * FROM workspace_bindings WHERE chat_id = ? AND thread_id = ? AND topic_state != 'deleted'",
-            (chat_id, thread_id),
+            (topic.chat_id, topic.thread_id),
         )
         return None if row is None else _binding(row)
 
@@ -99,11 +100,11 @@ class BindingRepository:
         return changed > 0
 
     @staticmethod
-    async def mark_topic_deleted_tx(uow: UnitOfWork, chat_id: int, thread_id: int, at_ms: int) -> str | None:
+    async def mark_topic_deleted_tx(uow: UnitOfWork, topic: Target, at_ms: int) -> str | None:
         """The topic is gone: the binding keeps slot and name, loses its owner, becomes inactive."""
         row = await uow.fetch_one(
             "SELECT binding_key FROM workspace_bindings WHERE chat_id = ? AND thread_id = ? AND topic_state != 'deleted'",
-            (chat_id, thread_id),
+            (topic.chat_id, topic.thread_id),
         )
         if row is None:
             return None

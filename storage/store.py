@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from functools import cached_property
 from typing import Any
 
+from topicbus.core.target import Target
 from topicbus.core.admission import Fence
 from topicbus.core.authority import Authority
 from topicbus.core.bindings import Binding, OwnerRecord
@@ -119,8 +120,8 @@ class _BindingsInTransaction:
     async def mark_inactive(self, binding_key: str, at_ms: int) -> bool:
         return await BindingRepository.mark_inactive_tx(self._uow, binding_key, at_ms)
 
-    async def mark_topic_deleted(self, chat_id: int, thread_id: int, at_ms: int) -> str | None:
-        return await BindingRepository.mark_topic_deleted_tx(self._uow, chat_id, thread_id, at_ms)
+    async def mark_topic_deleted(self, topic: Target, at_ms: int) -> str | None:
+        return await BindingRepository.mark_topic_deleted_tx(self._uow, topic, at_ms)
 
     async def set_topic_state(self, binding_key: str, state: str) -> None:
         return await BindingRepository.set_topic_state_tx(self._uow, binding_key, state)

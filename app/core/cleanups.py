@@ -42,6 +42,10 @@ class ScheduledCleanup:
     requested_at_ms: int
     due_at_ms: int
 
+    @property
+    def target(self) -> Target:
+        return Target(self.chat_id, self.thread_id)
+
     def intent(self) -> CleanupIntent:
         return CleanupIntent(
             id=CleanupIntent.make_id(self.instance_id, self.registration_generation, self.chat_id, self.thread_id),

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from topicbus.core.target import Target
 from topicbus.ports.store import Journal
 from topicbus.core.clock import Clock
 from topicbus.logsetup import EventJournal
@@ -233,7 +234,7 @@ class AgentCommands:
                      message_id: int | None = None, typed_at_ms: int | None = None) -> bool:
         """One reserved command typed in a topic; False when the topic is not an agent's. What
         the owner sent before it in the same batch is journaled and delivered first."""
-        binding_key = await self._router.binding_for_topic(chat_id, thread_id)
+        binding_key = await self._router.binding_for_topic(Target(chat_id, thread_id))
         if binding_key is None:
             return False
         await self._router.flush_batch()

@@ -104,7 +104,7 @@ class DepartureHandler:
         if deleted.outcome not in (CallOutcome.OK, CallOutcome.GONE):
             await self._unconfirmed(intent, authority, f"delete: {deleted.outcome} {deleted.message}")
         async with self._store.unit_of_work(authority) as uow:
-            await uow.bindings.mark_topic_deleted(intent.chat_id, intent.thread_id, self._clock.now_ms())
+            await uow.bindings.mark_topic_deleted(intent.target, self._clock.now_ms())
             await uow.cleanups.remove(intent.id)
         events.record("Follower topic cleaned up", phase="follower-confirmed-dead-cleanup"
                       if intent.reason == "confirmed-dead" else "follower-disconnect",
@@ -133,8 +133,7 @@ class DepartureHandler:
                 await uow.bindings.set_topic_state(intent.binding_key, "open")
         elif reopened.outcome is CallOutcome.GONE:  # deleted after all: the next registration gets a new topic
             async with self._store.unit_of_work(authority) as uow:
-                await uow.bindings.mark_topic_deleted(intent.chat_id, intent.thread_id,
-                                                              self._clock.now_ms())
+                await uow.bindings.mark_topic_deleted(intent.target, self._clock.now_ms())
 
     async def _superseded(self, intent: CleanupIntent) -> bool:
         binding = await self._bindings.get(intent.binding_key)
@@ -217,7 +216,7 @@ class ScheduledCleanups:
             return
         if not follower.registration_generation:
             raise CleanupUnconfirmed("Follower cleanup requires an exact registration generation.")
-        if self.grace_ms == 0 and await self._outbox.pending_in(target.chat_id, target.thread_id) == 0:
+        if self.grace_ms == 0 and await self._outbox.pending_in(target) == 0:
             await self._handler.cleanup(follower, authority, reason=reason)
             return
         now = self._clock.now_ms()
@@ -309,7 +308,7 @@ class ScheduledCleanups:
             self._events.record("Scheduled cleanup dropped: the topic is in use again or already gone",
                                      phase="cleanup-kept", chatId=scheduled.chat_id, threadId=scheduled.thread_id)
             return 0
-        pending = await self._outbox.pending_in(scheduled.chat_id, scheduled.thread_id)
+        pending = await self._outbox.pending_in(scheduled.target)
         if pending:
             if binding_key not in self._waiting_for_output:
                 self._waiting_for_output.add(binding_key)

@@ -27,6 +27,7 @@ import dataclasses
 import re
 from typing import Any
 
+from topicbus.core.target import Target
 from topicbus.ports.store import Store
 from topicbus.core.clock import Clock
 from topicbus.core.telegram import InlineKeys
@@ -68,17 +69,17 @@ class Keyboards:
         self.repo = store.keyboards
         self._outbox = store.outbox
 
-    async def for_message(self, chat_id: int, thread_id: int | None, *, head_id: int, last_id: int,
+    async def for_message(self, target: Target, *, head_id: int, last_id: int,
                           buttons: Any, printing: bool) -> Keyboard | None:
         """The keyboard of a new output message: the follower's ``buttons`` of its ``head_id`` row,
         else, when ``printing``, the Interrupt button of the process that printed ``last_id``."""
         if buttons:
-            return await self._choice(chat_id, thread_id, head_id, buttons)
+            return await self._choice(target, head_id, buttons)
         if printing:
-            return await self.interrupt(chat_id, thread_id, last_id)
+            return await self.interrupt(target, last_id)
         return None
 
-    async def _choice(self, chat_id: int, thread_id: int | None, outbox_id: int, buttons: Any) -> Keyboard | None:
+    async def _choice(self, target: Target, outbox_id: int, buttons: Any) -> Keyboard | None:
         origin = await self._outbox.origin(outbox_id)
         if origin is None:
             return None
@@ -91,10 +92,10 @@ class Keyboards:
         return await self.repo.make(kind=CHOICE, outbox_id=outbox_id, binding_key=binding_key,
                                     instance_id=instance_id,
                                     generation=record.registration_generation if record is not None else "",
-                                    takes_presses=takes, chat_id=chat_id, thread_id=thread_id, buttons=rows,
+                                    takes_presses=takes, chat_id=target.chat_id, thread_id=target.thread_id, buttons=rows,
                                     now_ms=self._clock.now_ms(), authority=self._term.authority())
 
-    async def interrupt(self, chat_id: int, thread_id: int | None, outbox_id: int) -> Keyboard | None:
+    async def interrupt(self, target: Target, outbox_id: int) -> Keyboard | None:
         """The Interrupt button for output row ``outbox_id``, if the process that printed it is
         registered now and takes controls; else None."""
         origin = await self._outbox.origin(outbox_id)
@@ -105,7 +106,7 @@ class Keyboards:
             return None
         return await self.repo.make(kind=INTERRUPT, outbox_id=outbox_id, binding_key=origin[0],
                                     instance_id=record.instance_id, generation=record.registration_generation,
-                                    takes_presses=None, chat_id=chat_id, thread_id=thread_id,
+                                    takes_presses=None, chat_id=target.chat_id, thread_id=target.thread_id,
                                     buttons=[[{"text": INTERRUPT_LABEL, "data": INTERRUPT_DATA}]],
                                     now_ms=self._clock.now_ms(), authority=self._term.authority())
 

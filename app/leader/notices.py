@@ -62,8 +62,8 @@ class Notices:
         self._bindings = store.bindings
         self._outbox = store.outbox
         self._settings = store.settings
-        self._hinted: dict[tuple[int, int | None], int] = {}  # place → when the last hint was posted
-        self._agent_topics: set[tuple[int, int]] = set()  # thread ids are never reused: hits stay true
+        self._hinted: dict[Target, int] = {}  # place → when the last hint was posted
+        self._agent_topics: set[Target] = set()  # thread ids are never reused: hits stay true
 
     async def post(self, binding_key: str, text: str, *, authority: Authority | None = None,
                    fmt: str | None = None) -> bool:
@@ -101,13 +101,14 @@ class Notices:
             return
         await self.post(self._control.binding_key, text, fmt=fmt)
 
-    async def hint_outside(self, chat_id: int, thread_id: int | None) -> bool:
+    async def hint_outside(self, place: Target) -> bool:
         """An owner wrote outside the agent topics: in General (``thread_id`` None) or in a topic
         that is neither an agent's nor the control topic. One short hint there, at most once per
         ``HINT_INTERVAL_MS`` per place; True when one was posted."""
-        if thread_id is not None and await self._is_leader_topic(chat_id, thread_id):
+        chat_id, thread_id = place.chat_id, place.thread_id
+        if thread_id is not None and await self._is_leader_topic(place):
             return False
-        place, now = (chat_id, thread_id), self._clock.now_ms()
+        now = self._clock.now_ms()
         last = self._hinted.get(place)
         if last is not None and now - last < HINT_INTERVAL_MS:
             return False
@@ -118,15 +119,15 @@ class Notices:
                             GENERAL_HINT if thread_id is None else TOPIC_HINT, None)
         return True
 
-    async def _is_leader_topic(self, chat_id: int, thread_id: int) -> bool:
+    async def _is_leader_topic(self, topic: Target) -> bool:
         """The control topic, or a topic a binding holds (an agent's, online or not)."""
-        if thread_id == self._control.thread_id or (chat_id, thread_id) in self._agent_topics:
+        if topic.thread_id == self._control.thread_id or topic in self._agent_topics:
             return True
-        if await self._bindings.by_target(chat_id, thread_id) is None:
+        if await self._bindings.by_target(topic) is None:
             return False
         if len(self._agent_topics) >= HINT_MEMORY_LIMIT:
             self._agent_topics.clear()
-        self._agent_topics.add((chat_id, thread_id))
+        self._agent_topics.add(topic)
         return True
 
     async def welcome(self, text: str) -> bool:

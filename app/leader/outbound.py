@@ -268,7 +268,7 @@ class OutboundScheduler:
         self._dirty -= dirty
         for key in dirty:
             topic = self._topics.setdefault(key, TopicOutput())
-            topic.heads = self._sender.stamped(await self._repo.heads(key.chat_id, key.thread_id, HEADS))
+            topic.heads = self._sender.stamped(await self._repo.heads(key, HEADS))
             if len(topic.heads) < HEADS:
                 topic.items, topic.units = len(topic.heads), sum(i.units for i in topic.heads)
             else:

@@ -201,7 +201,7 @@ class OutputSender:
         if self._keyboards is None:
             return None
         try:
-            return await self._keyboards.for_message(key.chat_id, key.thread_id, head_id=head_id, last_id=last_id,
+            return await self._keyboards.for_message(key, head_id=head_id, last_id=last_id,
                                                      buttons=buttons, printing=printing)
         except AuthorityLost:
             raise
@@ -345,7 +345,7 @@ class OutputSender:
     async def _as_file(self, key: Target, topic: TopicOutput, step: AsFile, now: float) -> None:
         items = step.items
         if len(items) == len(topic.heads) == HEADS:  # the run may go on beyond the heads read so far
-            more = self.stamped(await self._repo.heads(key.chat_id, key.thread_id, FILE_HEADS))
+            more = self.stamped(await self._repo.heads(key, FILE_HEADS))
             items = tuple(fitting(coalescible(more), self._output.max_file_units)) or items
         raw, _ = await self._texts(items)
         stamp = datetime.now(UTC).strftime("%H%M%S")
@@ -416,7 +416,7 @@ class OutputSender:
             await self._repo.note_attempt(ids[0], "topic gone", authority)
             if self._on_topic_gone is not None:
                 await self._on_topic_gone(key)
-            if failed := await self._repo.fail_unbound(chat, thread, "topic gone", authority):
+            if failed := await self._repo.fail_unbound(key, "topic gone", authority):
                 self.stats.failed += failed
                 self._events.record("Topic is gone; output no binding can take elsewhere dropped",
                                          phase="outbox-topic-gone", level="WARNING", chatId=chat, threadId=thread,

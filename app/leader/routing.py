@@ -35,6 +35,7 @@ from typing import Any
 
 from loguru import logger
 
+from topicbus.core.target import Target
 from topicbus.ports.store import Store, UnitOfWork
 from topicbus.core.clock import Clock
 from topicbus.logsetup import EventJournal
@@ -125,7 +126,7 @@ class Router:
         self._batch: list[Row] | None = None
         self._batch_received_at: float | None = None
         self._journal_lock = asyncio.Lock()
-        self._target_cache: dict[tuple[int, int], str] = {}
+        self._target_cache: dict[Target, str] = {}
         self.latency = LatencyWindow()
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0}
 
@@ -158,7 +159,7 @@ class Router:
                                   payload: dict[str, Any], *, media_group: str | None = None) -> RouteResult:
         """Journal one owner item (message, media, edit) for the binding of its topic, then deliver
         it. ``media_group``: the album this part belongs to (delivered with its album, once)."""
-        binding_key = await self.binding_for_topic(chat_id, thread_id)
+        binding_key = await self.binding_for_topic(Target(chat_id, thread_id))
         if binding_key is None:
             self.stats["ignored"] += 1
             return RouteResult(False, "unknown-topic")
@@ -180,7 +181,7 @@ class Router:
                 return record
         return None
 
-    async def binding_for_topic(self, chat_id: int, thread_id: int) -> str | None:
+    async def binding_for_topic(self, topic: Target) -> str | None:
         """The follower binding that owns a topic. Thread ids are never reused by Telegram, so a
         found mapping stays true for as long as that topic can send updates; only hits are cached
         (a topic created later is looked up in the store).
@@ -188,23 +189,23 @@ class Router:
         A topic not found while a registration runs may be the one it is creating: Telegram can
         send its first message before the binding commits. Then the lookup is repeated once every
         registration running has finished, so that message is routed, not dropped."""
-        cached = self._target_cache.get((chat_id, thread_id))
+        cached = self._target_cache.get(topic)
         if cached is not None:
             return cached
         mark = self._being_bound.mark()
-        binding = await self._bindings.by_target(chat_id, thread_id)
+        binding = await self._bindings.by_target(topic)
         if binding is None and self._being_bound.may_have_bound_since(mark):
             log = logger.bind(phase="routing")
-            log.debug("a message in thread {} waits for the registrations running", thread_id)
+            log.debug("a message in thread {} waits for the registrations running", topic.thread_id)
             await self._being_bound.settled()
-            binding = await self._bindings.by_target(chat_id, thread_id)
-            log.debug("a message in thread {} waited for the registrations running: {}", thread_id,
+            binding = await self._bindings.by_target(topic)
+            log.debug("a message in thread {} waited for the registrations running: {}", topic.thread_id,
                       "bound" if binding is not None else "still no binding")
         if binding is None or binding.kind != "follower":
             return None
         if len(self._target_cache) > TARGET_CACHE_LIMIT:
             self._target_cache.clear()
-        self._target_cache[(chat_id, thread_id)] = binding.binding_key
+        self._target_cache[topic] = binding.binding_key
         return binding.binding_key
 
     @asynccontextmanager

@@ -131,7 +131,7 @@ class GoneTopics:
     async def record(self, topic: Target) -> str | None:
         """Record the topic gone; returns the binding key, if a binding held that topic."""
         async with self._store.unit_of_work(self._term.authority()) as uow:
-            key = await uow.bindings.mark_topic_deleted(topic.chat_id, topic.thread_id, self._clock.now_ms())
+            key = await uow.bindings.mark_topic_deleted(topic, self._clock.now_ms())
         if key is None:
             return None
         self._topics.invalidate(key)
@@ -159,21 +159,21 @@ class TopicEvents:
         self._gone = gone
         self._on_roster_change = on_roster_change
 
-    async def gone(self, chat_id: int, thread_id: int) -> None:
-        if await self._gone.drop(Target(chat_id, thread_id), self._roster):
+    async def gone(self, topic: Target) -> None:
+        if await self._gone.drop(topic, self._roster):
             self._on_roster_change()
 
-    async def state_changed(self, chat_id: int, thread_id: int, state: str) -> None:
-        binding = await self._bindings.by_target(chat_id, thread_id)
+    async def state_changed(self, topic: Target, state: str) -> None:
+        binding = await self._bindings.by_target(topic)
         if binding is None:
             return
         async with self._store.unit_of_work(self._term.authority()) as uow:
             await uow.bindings.set_topic_state(binding.binding_key, state)
         self._topics.invalidate(binding.binding_key)
 
-    async def renamed(self, chat_id: int, thread_id: int, name: str) -> None:
+    async def renamed(self, topic: Target, name: str) -> None:
         """An owner renamed the topic in Telegram: that is its manual name now."""
-        binding = await self._bindings.by_target(chat_id, thread_id)
+        binding = await self._bindings.by_target(topic)
         if binding is None:
             return
         async with self._store.unit_of_work(self._term.authority()) as uow:

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
+from topicbus.core.target import Target
 from topicbus.core.admission import AdmissionHold, Fence, Scope
 from topicbus.core.authority import Authority
 from topicbus.core.bindings import Binding, OwnerRecord
@@ -40,7 +41,7 @@ class Bindings(Protocol):
 
     async def get(self, binding_key: str) -> Binding | None: ...
 
-    async def by_target(self, chat_id: int, thread_id: int) -> Binding | None: ...
+    async def by_target(self, topic: Target) -> Binding | None: ...
 
     async def owners(self) -> list[OwnerRecord]: ...
 
@@ -72,7 +73,7 @@ class BindingsInTransaction(Protocol):
         """Record the first proof that nobody owns this binding (first proof wins)."""
         ...
 
-    async def mark_topic_deleted(self, chat_id: int, thread_id: int, at_ms: int) -> str | None:
+    async def mark_topic_deleted(self, topic: Target, at_ms: int) -> str | None:
         """The topic is gone: the binding keeps slot and name, loses its owner, becomes inactive."""
         ...
 
@@ -181,7 +182,7 @@ class Outbox(Protocol):
 
     async def topics(self) -> list[TopicBacklog]: ...
 
-    async def heads(self, chat_id: int, thread_id: int | None, limit: int = 256) -> list[QueuedItem]: ...
+    async def heads(self, topic: Target, limit: int = 256) -> list[QueuedItem]: ...
 
     async def payloads(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]: ...
 
@@ -205,9 +206,9 @@ class Outbox(Protocol):
 
     async def note_attempt(self, item_id: int, error: str, authority: Authority) -> None: ...
 
-    async def fail_unbound(self, chat_id: int, thread_id: int, error: str, authority: Authority) -> int: ...
+    async def fail_unbound(self, topic: Target, error: str, authority: Authority) -> int: ...
 
-    async def pending_in(self, chat_id: int, thread_id: int) -> int:
+    async def pending_in(self, topic: Target) -> int:
         """Rows still to go out into one topic (a topic is closed or deleted only at 0)."""
         ...
 

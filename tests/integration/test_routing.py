@@ -58,7 +58,7 @@ async def test_deleted_topic_is_marked_and_the_follower_gets_a_new_one(env: Lead
     services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
     env.fake.user_delete_topic(CHAT, r["threadId"])
-    await services.topics.gone(CHAT, r["threadId"])  # what the outbox does on "message thread not found"
+    await services.topics.gone(Target(CHAT, r["threadId"]))  # what the outbox does on "message thread not found"
     binding = await env.binding("/w")
     assert binding.topic_state == "deleted" and binding.slot == r["slot"]
     assert services.roster.registry.get("a") is None  # its next heartbeat is refused: it registers again
@@ -94,10 +94,10 @@ async def test_output_waiting_for_a_deleted_topic_goes_to_the_binding_s_new_topi
 async def test_topic_service_messages_update_the_store(env: LeaderEnv):
     services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
-    await services.topics.state_changed(CHAT, r["threadId"], "closed")
+    await services.topics.state_changed(Target(CHAT, r["threadId"]), "closed")
     assert (await env.binding("/w")).topic_state == "closed"
-    await services.topics.state_changed(CHAT, r["threadId"], "open")
-    await services.topics.renamed(CHAT, r["threadId"], "My agent")
+    await services.topics.state_changed(Target(CHAT, r["threadId"]), "open")
+    await services.topics.renamed(Target(CHAT, r["threadId"]), "My agent")
     binding = await env.binding("/w")
     assert binding.topic_state == "open" and binding.manual_name == "My agent" and binding.title == "My agent"
 
