@@ -146,7 +146,9 @@ async def _get_updates_round_trip(n: int) -> float:
 
 
 async def _storage_steps(workdir: Path, n: int) -> tuple[dict[str, float], dict[str, float]]:
-    from topicbus.storage.bindings import Binding, BindingRepository
+    from topicbus.core.bindings import Binding
+    from topicbus.core.target import Target
+    from topicbus.storage.bindings import BindingRepository
     from topicbus.storage.db import Database
     from topicbus.storage.journal import JournalRepository
     from topicbus.storage.lease import LeaseRepository
@@ -194,7 +196,7 @@ async def _storage_steps(workdir: Path, n: int) -> tuple[dict[str, float], dict[
         hops: dict[str, float] = {}
         steps: list[tuple[str, Callable[[], Awaitable[Any]], Callable[[], Awaitable[None]]]] = [
             ("aiosqlite round trip (SELECT 1)", lambda: db.fetch_value("SELECT 1"), nothing),
-            ("BindingRepository.by_target", lambda: bindings.by_target(CHAT_ID, 3), nothing),
+            ("BindingRepository.by_target", lambda: bindings.by_target(Target(CHAT_ID, 3)), nothing),
             ("JournalRepository.append (journal write txn)", append, nothing),
             ("JournalRepository.pending (delivery kick, 1 pending)", lambda: journal.pending(key), only_one_pending),
             ("JournalRepository.mark_delivered (receipt txn)", deliver, enough_pending),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from telegram import Message, MessageEntity, Update
 from telegram.ext import Application, CallbackQueryHandler, ContextTypes
 
+from topicbus.core.target import Target
 from topicbus.core.formatting import Entity, Rendered
 from topicbus.leader.buttons import TURN_OUTCOMES, ButtonPresses, Press
 from topicbus.leader.outbound import OutboundScheduler
@@ -42,6 +43,6 @@ def register(app: Application, *, presses: ButtonPresses, outbound: OutboundSche
                       message=message_as_rendered(text_message) if text_message is not None else None)
         outcome = await presses.press(press, by_owner=query.from_user.id in owner_ids and not query.from_user.is_bot)
         if outcome in TURN_OUTCOMES and press.chat_id is not None:
-            outbound.owner_spoke(press.chat_id, press.thread_id)
+            outbound.owner_spoke(Target(press.chat_id, press.thread_id))
 
     app.add_handler(CallbackQueryHandler(pressed), group=group)

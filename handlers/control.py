@@ -19,7 +19,7 @@ from topicbus.leader.control import ControlDesk, DisplayModeRefused
 from topicbus.leader.notices import Notices
 from topicbus.leader.status import StatusView
 from topicbus.leader.topics import ControlTopic
-from topicbus.storage.admission import AdmissionBlocked
+from topicbus.core.admission import AdmissionBlocked
 
 def deletion_rules(grace_s: float) -> str:
     """When a topic is deleted, as /help and /cleanup say it (the grace is TOPICBUS_CLEANUP_GRACE_S)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from telegram import Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
+from topicbus.core.target import Target
 from topicbus.handlers.filters import NOT_STATUS_UPDATE, InThread, owner_messages
 from topicbus.leader.notices import Notices
 from topicbus.leader.topics import ControlTopic
@@ -18,7 +19,8 @@ def register(app: Application, *, notices: Notices, control: ControlTopic, chat_
         if message is None:
             return
         # In a forum's General topic a reply may carry a thread id without being a topic message.
-        await notices.hint_outside(message.chat_id, message.message_thread_id if message.is_topic_message else None)
+        await notices.hint_outside(Target(message.chat_id,
+                                           message.message_thread_id if message.is_topic_message else None))
 
     app.add_handler(MessageHandler(
         owner_messages(chat_id, owner_ids) & filters.UpdateType.MESSAGE & NOT_STATUS_UPDATE

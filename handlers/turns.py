@@ -11,6 +11,7 @@ from __future__ import annotations
 from telegram import Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
+from topicbus.core.target import Target
 from topicbus.handlers.filters import NOT_STATUS_UPDATE, owner_messages
 from topicbus.leader.outbound import OutboundScheduler
 
@@ -23,6 +24,7 @@ def register(app: Application, *, outbound: OutboundScheduler, chat_id: int, own
     async def spoke(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.effective_message
         if message is not None:
-            outbound.owner_spoke(message.chat_id, message.message_thread_id if message.is_topic_message else None)
+            thread_id = message.message_thread_id if message.is_topic_message else None
+            outbound.owner_spoke(Target(message.chat_id, thread_id))
 
     app.add_handler(MessageHandler(where, spoke), group=GROUP)

@@ -14,91 +14,15 @@ drives them.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
-from topicbus.storage.db import Authority, Database, UnitOfWork
+from topicbus.core.admission import (FENCE_PHASES, AdmissionBlocked, AdmissionError, AdmissionHold, Fence,
+                                     Scope, hold_id)
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database, UnitOfWork
 
 T = TypeVar("T")
-
-FENCE_PHASES = ("fenced", "deletion-issued", "commit-ready", "deletion-rejected")
-
-
-class AdmissionError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-class AdmissionBlocked(AdmissionError):
-    def __init__(self) -> None:
-        super().__init__("admission-blocked", "Workspace operation is blocked by retirement.")
-
-
-@dataclass(frozen=True)
-class Scope:
-    kind: str  # 'profile' | 'chat' | 'target'
-    chat_id: int | None = None
-    thread_id: int | None = None
-
-    @property
-    def key(self) -> str:
-        if self.kind == "profile":
-            return "profile"
-        if self.kind == "chat":
-            return f"chat:{self.chat_id}"
-        return f"target:{self.chat_id}:{self.thread_id}"
-
-    def conflicts_with(self, chat_id: int, thread_id: int) -> bool:
-        if self.kind == "profile":
-            return True
-        if self.kind == "chat":
-            return self.chat_id == chat_id
-        return self.chat_id == chat_id and self.thread_id == thread_id
-
-    @staticmethod
-    def parse(key: str) -> Scope:
-        parts = key.split(":")
-        if parts[0] == "chat":
-            return Scope("chat", int(parts[1]))
-        if parts[0] == "target":
-            return Scope("target", int(parts[1]), int(parts[2]))
-        return Scope("profile")
-
-
-PROFILE = Scope("profile")
-
-
-@dataclass(frozen=True)
-class AdmissionHold:
-    id: str
-    operation_id: str
-    operation_kind: str
-    scope: str
-    owner: str
-    acquired_at_ms: int
-
-
-@dataclass(frozen=True)
-class Fence:
-    operation_id: str
-    retirement_intent_id: str
-    binding_key: str
-    slot: str
-    chat_id: int
-    thread_id: int
-    leader_epoch: int
-    owner: str
-    phase: str
-    acquired_at_ms: int
-    deletion_issued_at_ms: int | None
-    resolved_at_ms: int | None
-
-
-def hold_id(operation_id: str, scope: Scope) -> str:
-    return "admission:" + hashlib.sha256(f"{operation_id}\0{scope.key}".encode()).hexdigest()
 
 
 class AdmissionLedger:
@@ -228,7 +152,8 @@ class AdmissionLedger:
         async with self._db.unit_of_work(authority) as uow:
             return await self.remove_fence_tx(uow, expected, phases=phases)
 
-    async def remove_fence_tx(self, uow: UnitOfWork, expected: Fence, *, phases: Sequence[str]) -> bool:
+    @staticmethod
+    async def remove_fence_tx(uow: UnitOfWork, expected: Fence, *, phases: Sequence[str]) -> bool:
         current = await _fence_tx(uow)
         if current is None or current.operation_id != expected.operation_id or current.phase not in phases:
             return False

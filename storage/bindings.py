@@ -3,48 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 
+from topicbus.core.target import Target
+from topicbus.core.bindings import Binding, OwnerRecord
 from topicbus.storage.db import Database, UnitOfWork
-
-
-@dataclass(frozen=True)
-class Binding:
-    binding_key: str
-    kind: str  # 'leader' | 'follower'
-    host_id: str
-    cwd: str
-    session: str
-    slot: str | None
-    chat_id: int
-    thread_id: int | None
-    topic_state: str  # 'open' | 'closed' | 'deleted'
-    thread_name: str
-    manual_name: str | None
-    display_title: str | None
-    inactive_since_ms: int | None
-    offline_notified: bool
-    created_at_ms: int
-    updated_at_ms: int
-
-    @property
-    def has_live_topic(self) -> bool:
-        return self.thread_id is not None and self.topic_state != "deleted"
-
-    @property
-    def title(self) -> str:
-        return self.display_title or self.thread_name
-
-
-@dataclass(frozen=True)
-class OwnerRecord:
-    binding_key: str
-    instance_id: str
-    registration_generation: str
-    pid: int | None
-    process_birth_id: str | None
-    host_id: str | None
-    updated_at_ms: int
 
 
 def _binding(row: sqlite3.Row) -> Binding:
@@ -68,10 +30,10 @@ class BindingRepository:
         row = await self._db.fetch_one("SELECT * FROM workspace_bindings WHERE binding_key = ?", (binding_key,))
         return None if row is None else _binding(row)
 
-    async def by_target(self, chat_id: int, thread_id: int) -> Binding | None:
+    async def by_target(self, topic: Target) -> Binding | None:
         row = await self._db.fetch_one(
             "SELECT * FROM workspace_bindings WHERE chat_id = ? AND thread_id = ? AND topic_state != 'deleted'",
-            (chat_id, thread_id),
+            (topic.chat_id, topic.thread_id),
         )
         return None if row is None else _binding(row)
 
@@ -138,11 +100,11 @@ class BindingRepository:
         return changed > 0
 
     @staticmethod
-    async def mark_topic_deleted_tx(uow: UnitOfWork, chat_id: int, thread_id: int, at_ms: int) -> str | None:
+    async def mark_topic_deleted_tx(uow: UnitOfWork, topic: Target, at_ms: int) -> str | None:
         """The topic is gone: the binding keeps slot and name, loses its owner, becomes inactive."""
         row = await uow.fetch_one(
             "SELECT binding_key FROM workspace_bindings WHERE chat_id = ? AND thread_id = ? AND topic_state != 'deleted'",
-            (chat_id, thread_id),
+            (topic.chat_id, topic.thread_id),
         )
         if row is None:
             return None

@@ -7,26 +7,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from topicbus.core.cleanups import CleanupIntent, ScheduledCleanup
 from topicbus.storage.db import Database, UnitOfWork
-
-
-@dataclass(frozen=True)
-class CleanupIntent:
-    id: str
-    binding_key: str
-    instance_id: str
-    registration_generation: str
-    chat_id: int
-    thread_id: int
-    reason: str
-    requested_at_ms: int
-    last_error: str | None = None
-
-    @staticmethod
-    def make_id(instance_id: str, generation: str, chat_id: int, thread_id: int) -> str:
-        return f"cleanup:{instance_id}:{generation}:{chat_id}:{thread_id}"
 
 
 class CleanupRepository:
@@ -54,25 +37,6 @@ class CleanupRepository:
     @staticmethod
     async def note_error_tx(uow: UnitOfWork, intent_id: str, error: str) -> None:
         await uow.execute("UPDATE pending_cleanups SET last_error = ? WHERE id = ?", (error[:500], intent_id))
-
-
-@dataclass(frozen=True)
-class ScheduledCleanup:
-    binding_key: str
-    instance_id: str
-    registration_generation: str
-    chat_id: int
-    thread_id: int
-    reason: str
-    requested_at_ms: int
-    due_at_ms: int
-
-    def intent(self) -> CleanupIntent:
-        return CleanupIntent(
-            id=CleanupIntent.make_id(self.instance_id, self.registration_generation, self.chat_id, self.thread_id),
-            binding_key=self.binding_key, instance_id=self.instance_id,
-            registration_generation=self.registration_generation, chat_id=self.chat_id, thread_id=self.thread_id,
-            reason=self.reason, requested_at_ms=self.requested_at_ms)
 
 
 class ScheduledCleanupRepository:

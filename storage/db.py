@@ -16,13 +16,13 @@ import re
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 from loguru import logger
 
+from topicbus.core.authority import Authority, AuthorityLost
 from topicbus.retry import Backoff
 from topicbus.storage.migrate import apply_migrations
 
@@ -31,10 +31,6 @@ _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 # Attempts at BEGIN IMMEDIATE while an outside writer holds the file; each waits up to busy_timeout,
 # with pauses of 0.05 s doubling (to 3.2 s) between them. The process's write lock is held meanwhile.
 LOCKED_RETRY_ATTEMPTS = 8
-
-
-class AuthorityLost(Exception):
-    """The leader lease changed hands; the mutation was not published."""
 
 
 class StorageUnavailable(Exception):
@@ -55,14 +51,6 @@ def is_damage(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, sqlite3.DatabaseError) and ("malformed" in text or "not a database" in text)
-
-
-@dataclass(frozen=True)
-class Authority:
-    """The lease a leader-side mutation was started under."""
-
-    owner: str
-    epoch: int
 
 
 class _Reader:

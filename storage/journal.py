@@ -21,44 +21,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from topicbus.core.records import (ButtonItem, ControlItem, DocumentRef, EditItem, FileRef, InboundItem, MediaItem,
                                    MessageItem, ReplyContext, UnknownItem)
-from topicbus.storage.db import Authority, AuthorityLost, Database, UnitOfWork
+from topicbus.core.journal import SETTLED, JournalItem, JournalRow
+from topicbus.core.authority import Authority, AuthorityLost
+from topicbus.storage.db import Database, UnitOfWork
 
-DELIVERY_PREFIX = "d-"
-WAITING = ("pending", "gathering")
-SETTLED = ("delivered", "merged", "skipped", "dropped", "expired")
 _CHUNK = 400  # bound parameters per statement, well below SQLite's limit
-
-#: One row to journal: (update_id, binding_key, payload) or (update_id, binding_key, payload, media_group).
-JournalRow = tuple[int, str, InboundItem] | tuple[int, str, InboundItem, str | None]
-
-
-@dataclass(frozen=True)
-class JournalItem:
-    seq: int
-    update_id: int
-    binding_key: str
-    payload: InboundItem
-    attempts: int
-    created_at_ms: int = 0
-    status: str = "pending"
-    media_group: str | None = None
-    for_instance: str | None = None  # a generation-bound row (a button press): that follower process only
-
-    @property
-    def delivery_id(self) -> str:
-        return f"{DELIVERY_PREFIX}{self.seq}"
-
-
-def parse_delivery_id(delivery_id: str) -> int | None:
-    if not delivery_id.startswith(DELIVERY_PREFIX):
-        return None
-    tail = delivery_id[len(DELIVERY_PREFIX):]
-    return int(tail) if tail.isdigit() and len(tail) < 19 else None
 
 
 def _item(r: Any) -> JournalItem:

@@ -14,51 +14,19 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 from topicbus.core.formatting import Entity, Rendered
 from topicbus.core.records import Button
-from topicbus.storage.db import Authority, Database, UnitOfWork
+from topicbus.core.keyboards import INTERRUPT, Keyboard
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database, UnitOfWork
 
-CHOICE = "choice"
-INTERRUPT = "interrupt"
 TOKEN_BYTES = 12  # 96 random bits, 16 URL-safe characters
 
 
 def new_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)
-
-
-@dataclass(frozen=True)
-class Keyboard:
-    token: str
-    kind: str
-    outbox_id: int
-    binding_key: str
-    instance_id: str
-    registration_generation: str
-    takes_presses: bool | None
-    chat_id: int
-    thread_id: int | None
-    message_id: int | None
-    buttons: tuple[tuple[Button, ...], ...]
-    created_at_ms: int = 0
-    answered_update_id: int | None = None
-    answered_index: int | None = None
-    answered_by: int | None = None
-    answered_at_ms: int | None = None
-    shown_text: Rendered | None = None  # the answered message with the choice under it, to be shown
-    shown_at_ms: int | None = None
-
-    @property
-    def answered(self) -> bool:
-        return self.answered_update_id is not None
-
-    def button(self, index: int | None) -> Button | None:
-        """The ``index``-th button, counted row by row (None when there is no such button)."""
-        flat = [b for row in self.buttons for b in row]
-        return flat[index] if index is not None and 0 <= index < len(flat) else None
 
 
 def _keyboard(r: Any) -> Keyboard:

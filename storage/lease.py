@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topicbus.storage.db import Authority, Database
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,16 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from topicbus.core.target import Target
+from topicbus.core.output import TopicBacklog
 from topicbus.core.budget import Priority
 from topicbus.core.output import QueuedItem
 from topicbus.core.records import (Button, ChatActionMessage, DocumentMessage, Notice, OutboxItem, PhotoMessage,
                                    TextMessage)
-from topicbus.storage.db import Authority, Database, UnitOfWork
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database, UnitOfWork
 
 #: An item's ``type`` → the ``kind`` its row stores (the same name, but for chat actions).
 _STORED_KINDS = {ChatActionMessage.type: "chatAction"}
@@ -89,15 +91,6 @@ def item_of(stored: str, payload: str) -> OutboxItem | None:
     return None
 
 
-@dataclass(frozen=True)
-class TopicBacklog:
-    """What waits for one topic."""
-
-    chat_id: int
-    thread_id: int | None
-    items: int
-    units: int  # UTF-16 units of pending text
-    head_id: int
 
 
 class OutboxRepository:
@@ -141,17 +134,20 @@ class OutboxRepository:
                FROM outbox WHERE status = 'pending' GROUP BY chat_id, thread_id""")
         return [TopicBacklog(r["chat_id"], r["thread_id"], r["items"], r["units"] or 0, r["head_id"]) for r in rows]
 
-    async def heads(self, chat_id: int, thread_id: int | None, limit: int = 256) -> list[QueuedItem]:
+    async def heads(self, topic: Target, limit: int = 256) -> list[QueuedItem]:
         """The oldest pending rows of one topic, without their payloads (a screen frame is told by its
         payload's ``screen`` field: screen-frames-v1)."""
         rows = await self._db.fetch_all(
             """SELECT id, kind, priority, units, format, has_buttons, created_at_ms,
                       kind = 'text' AND json_extract(payload, '$.screen') = 1 AS screen FROM outbox
                WHERE status = 'pending' AND chat_id = ? AND thread_id IS ? ORDER BY id LIMIT ?""",
-            (chat_id, thread_id, limit))
+            (topic.chat_id, topic.thread_id, limit))
         return [QueuedItem(r["id"], _kind(r["kind"]), r["units"], r["format"], Priority(r["priority"]),
                            arrived_ms=r["created_at_ms"], has_buttons=bool(r["has_buttons"]),
                            screen=bool(r["screen"])) for r in rows]
+
+    def item_size(self, item: OutboxItem) -> int:
+        return item_size(item)
 
     async def payloads(self, ids: Sequence[int]) -> dict[int, OutboxItem]:
         """The items of these rows (a row gone, or of a kind this version does not know, is left out)."""
@@ -199,7 +195,7 @@ class OutboxRepository:
             await uow.execute("UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
                               (error[:500], item_id))
 
-    async def fail_unbound(self, chat_id: int, thread_id: int, error: str, authority: Authority) -> int:
+    async def fail_unbound(self, topic: Target, error: str, authority: Authority) -> int:
         """The topic is gone and no binding will ever take these rows to a new one (a hint outside
         agent topics, the output of a forgotten binding): they fail instead of waiting for ever."""
         async with self._db.unit_of_work(authority) as uow:
@@ -207,7 +203,7 @@ class OutboxRepository:
                 """UPDATE outbox SET status = 'failed', last_error = ?, attempts = attempts + 1
                    WHERE chat_id = ? AND thread_id = ? AND status = 'pending'
                      AND binding_key NOT IN (SELECT binding_key FROM workspace_bindings)""",
-                (error[:500], chat_id, thread_id))
+                (error[:500], topic.chat_id, topic.thread_id))
 
     @staticmethod
     async def retarget_tx(uow: UnitOfWork, binding_key: str, thread_id: int) -> int:
@@ -215,11 +211,11 @@ class OutboxRepository:
         return await uow.execute("UPDATE outbox SET thread_id = ? WHERE binding_key = ? AND status = 'pending'",
                           (thread_id, binding_key))
 
-    async def pending_in(self, chat_id: int, thread_id: int) -> int:
+    async def pending_in(self, topic: Target) -> int:
         """Rows still to go out into one topic (a topic is closed or deleted only at 0)."""
         return int(await self._db.fetch_value(
             "SELECT COUNT(*) FROM outbox WHERE status = 'pending' AND chat_id = ? AND thread_id = ?",
-            (chat_id, thread_id)) or 0)
+            (topic.chat_id, topic.thread_id)) or 0)
 
     async def count_pending(self) -> int:
         return int(await self._db.fetch_value("SELECT COUNT(*) FROM outbox WHERE status = 'pending'") or 0)

@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
+from topicbus.core.retirement import RetirementIntent
 from topicbus.storage.bindings import Binding
 from topicbus.storage.db import Database, UnitOfWork
-
-
-@dataclass(frozen=True)
-class RetirementIntent:
-    id: str
-    binding_key: str
-    binding: Binding  # exact snapshot of the victim binding when the intent was made
-    slot: str
-    chat_id: int
-    thread_id: int | None
-    leader_epoch: int
-    requested_at_ms: int
-
-    @staticmethod
-    def make_id(binding: Binding) -> str:
-        return f"workspace-retirement:pressure:{binding.binding_key}:{binding.slot}:{binding.inactive_since_ms}"
 
 
 class RetirementRepository:

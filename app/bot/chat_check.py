@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from telegram import ChatMemberAdministrator
 
-from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
+from topicbus.core.telegram import CallOutcome, CallResult
+from topicbus.bot.gateway import TelegramGateway
 
 CHAT_VARIABLE = "TOPICBUS_CHAT_ID"
 ADMIN_RIGHTS = "Manage Topics and Delete Messages"
@@ -71,7 +72,7 @@ async def check_chat(gateway: TelegramGateway, chat_id: int, bot_id: int) -> Cha
 
 async def _verdict(chat: CallResult, member_call: asyncio.Task[CallResult], chat_id: int) -> ChatVerdict:
     if not chat.ok:
-        fix = setup_fix(chat.message, chat_id) if chat.outcome is Outcome.REJECTED else None
+        fix = setup_fix(chat.message, chat_id) if chat.outcome is CallOutcome.REJECTED else None
         return ChatVerdict(fix=fix, note=None if fix else f"getChat: {chat.outcome}: {chat.message}")
     kind, is_forum = getattr(chat.value, "type", None), bool(getattr(chat.value, "is_forum", False))
     if kind == "private":
@@ -85,7 +86,7 @@ async def _verdict(chat: CallResult, member_call: asyncio.Task[CallResult], chat
         return ChatVerdict(fix=f"chat {chat_id} has no topics: turn on Topics in the group's settings")
     member = await member_call
     if not member.ok:
-        fix = setup_fix(member.message, chat_id) if member.outcome is Outcome.REJECTED else None
+        fix = setup_fix(member.message, chat_id) if member.outcome is CallOutcome.REJECTED else None
         return ChatVerdict(fix=fix, note=None if fix else f"getChatMember: {member.outcome}: {member.message}")
     if not isinstance(member.value, ChatMemberAdministrator):
         return ChatVerdict(fix=(f"the bot is not an admin of chat {chat_id}: promote it to admin with "

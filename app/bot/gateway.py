@@ -10,10 +10,7 @@ import contextlib
 import io
 import re
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from enum import StrEnum
-from typing import Any
 
 import aiohttp
 from telegram import (Bot, BotCommand, BotCommandScopeChat, InlineKeyboardButton, InlineKeyboardMarkup, InputFile,
@@ -22,10 +19,8 @@ from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, Tele
 
 from topicbus.bot.application import telegram_tls_context
 from topicbus.core.formatting import Rendered
-
-
-#: An inline keyboard as the leader describes it: rows of (label, callback data).
-InlineKeys = Sequence[Sequence[tuple[str, str]]]
+from topicbus.core.target import Target
+from topicbus.core.telegram import CallOutcome, CallResult, DownloadInterrupted, InlineKeys
 
 TOPIC_GONE_MARKERS = ("message thread not found", "thread not found", "topic_id_invalid", "topic not found",
                       "topic_deleted", "topic deleted")
@@ -34,27 +29,6 @@ FORUM_ICON_COLORS = (0x6FB9F0, 0xFFD67E, 0xCB86DB, 0x8EEE98, 0xFF93B2, 0xFB6F5F)
 DOWNLOAD_CHUNK_BYTES = 64 * 1024  # a file's bytes are read (and passed on) this much at a time
 DOWNLOAD_CONNECT_TIMEOUT_S = 10.0
 DOWNLOAD_READ_TIMEOUT_S = 30.0  # no byte of a file from Telegram for this long: the download failed
-
-
-class Outcome(StrEnum):
-    OK = "ok"
-    NOT_MODIFIED = "not-modified"  # the topic already is in the requested state
-    GONE = "gone"  # the topic does not exist (deleted, unknown)
-    RETRY_AFTER = "retry-after"  # flood control; try again after ``retry_after_s``
-    REJECTED = "rejected"  # Telegram answered a definite "no" (rights, bad request…)
-    AMBIGUOUS = "ambiguous"  # timeout / network / 5xx: the call may or may not have happened
-
-
-@dataclass(frozen=True)
-class CallResult:
-    outcome: Outcome
-    message: str = ""
-    retry_after_s: float = 0.0
-    value: Any = None  # what the call answered; its type depends on the call (a thread id, PTB's Message …)
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome in (Outcome.OK, Outcome.NOT_MODIFIED)
 
 
 _BOT_URL_TOKEN = re.compile(r"(/(?:file/)?bot)[^/\s\"']+")
@@ -71,10 +45,7 @@ def describe_download_error(exc: BaseException) -> str:
     return redact_bot_urls(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
-class DownloadInterrupted(Exception):
-    """A file's bytes stopped before their end, or did not match the size announced: the network,
-    a timeout, a short or long body. The message names no URL (no token)."""
-
+_GENERAL_TOPIC = CallResult(CallOutcome.REJECTED, "the General topic is not a forum topic this call can change")
 
 class FileStream:
     """An open download of a Telegram file (from :meth:`TelegramGateway.open_download`): its size when
@@ -109,23 +80,23 @@ def retry_after_seconds(exc: RetryAfter) -> float:
 
 
 def classify(exc: BaseException) -> CallResult:
-    """Every Telegram failure, in one place, as the :class:`Outcome` the callers act on."""
+    """Every Telegram failure, in one place, as the :class:`~topicbus.core.telegram.CallOutcome` the callers act on."""
     if isinstance(exc, RetryAfter):
-        return CallResult(Outcome.RETRY_AFTER, str(exc), retry_after_s=retry_after_seconds(exc))
+        return CallResult(CallOutcome.RETRY_AFTER, str(exc), retry_after_s=retry_after_seconds(exc))
     if isinstance(exc, BadRequest):
         text = exc.message.lower()
         if "topic_not_modified" in text or "not modified" in text:
-            return CallResult(Outcome.NOT_MODIFIED, exc.message)
+            return CallResult(CallOutcome.NOT_MODIFIED, exc.message)
         if any(marker in text for marker in TOPIC_GONE_MARKERS):
-            return CallResult(Outcome.GONE, exc.message)
-        return CallResult(Outcome.REJECTED, exc.message)
+            return CallResult(CallOutcome.GONE, exc.message)
+        return CallResult(CallOutcome.REJECTED, exc.message)
     if isinstance(exc, Forbidden):
-        return CallResult(Outcome.REJECTED, exc.message)
+        return CallResult(CallOutcome.REJECTED, exc.message)
     if isinstance(exc, TimedOut | NetworkError):
-        return CallResult(Outcome.AMBIGUOUS, getattr(exc, "message", str(exc)))
+        return CallResult(CallOutcome.AMBIGUOUS, getattr(exc, "message", str(exc)))
     if isinstance(exc, TelegramError):
-        return CallResult(Outcome.REJECTED, exc.message)
-    return CallResult(Outcome.AMBIGUOUS, f"{type(exc).__name__}")
+        return CallResult(CallOutcome.REJECTED, exc.message)
+    return CallResult(CallOutcome.AMBIGUOUS, f"{type(exc).__name__}")
 
 
 class TelegramGateway:
@@ -139,36 +110,46 @@ class TelegramGateway:
             value = await coro
         except Exception as exc:  # noqa: BLE001 - classified, never swallowed silently
             return classify(exc)
-        return CallResult(Outcome.OK, value=value)
+        return CallResult(CallOutcome.OK, value=value)
 
+    # A topic call names a forum topic; the chat's General topic (no thread id) is none.
     async def create_topic(self, chat_id: int, name: str, icon_color: int | None = None) -> CallResult:
         result = await self._call(self.bot.create_forum_topic(chat_id=chat_id, name=name[:128], icon_color=icon_color))
-        if result.outcome is Outcome.OK:
-            return CallResult(Outcome.OK, value=result.value.message_thread_id)
+        if result.outcome is CallOutcome.OK:
+            return CallResult(CallOutcome.OK, value=result.value.message_thread_id)
         return result
 
-    async def edit_topic(self, chat_id: int, thread_id: int, name: str) -> CallResult:
-        return await self._call(self.bot.edit_forum_topic(chat_id=chat_id, message_thread_id=thread_id, name=name[:128]))
+    async def edit_topic(self, topic: Target, name: str) -> CallResult:
+        if topic.thread_id is None:
+            return _GENERAL_TOPIC
+        return await self._call(self.bot.edit_forum_topic(chat_id=topic.chat_id, message_thread_id=topic.thread_id,
+                                                          name=name[:128]))
 
-    async def close_topic(self, chat_id: int, thread_id: int) -> CallResult:
-        return await self._call(self.bot.close_forum_topic(chat_id=chat_id, message_thread_id=thread_id))
+    async def close_topic(self, topic: Target) -> CallResult:
+        if topic.thread_id is None:
+            return _GENERAL_TOPIC
+        return await self._call(self.bot.close_forum_topic(chat_id=topic.chat_id, message_thread_id=topic.thread_id))
 
-    async def delete_topic(self, chat_id: int, thread_id: int) -> CallResult:
-        return await self._call(self.bot.delete_forum_topic(chat_id=chat_id, message_thread_id=thread_id))
+    async def delete_topic(self, topic: Target) -> CallResult:
+        if topic.thread_id is None:
+            return _GENERAL_TOPIC
+        return await self._call(self.bot.delete_forum_topic(chat_id=topic.chat_id, message_thread_id=topic.thread_id))
 
-    async def reopen_topic(self, chat_id: int, thread_id: int) -> CallResult:
-        return await self._call(self.bot.reopen_forum_topic(chat_id=chat_id, message_thread_id=thread_id))
+    async def reopen_topic(self, topic: Target) -> CallResult:
+        if topic.thread_id is None:
+            return _GENERAL_TOPIC
+        return await self._call(self.bot.reopen_forum_topic(chat_id=topic.chat_id, message_thread_id=topic.thread_id))
 
-    async def send_message(self, chat_id: int, thread_id: int | None, message: Rendered, *, silent: bool = False,
+    async def send_message(self, target: Target, message: Rendered, *, silent: bool = False,
                            buttons: InlineKeys | InlineKeyboardMarkup | None = None,
                            reply_to: int | None = None) -> CallResult:
         """A text message, with an inline keyboard when ``buttons`` are given, as a reply to the message
         ``reply_to`` when given (sent all the same if that message is gone); the value is its message id."""
         reply = None if reply_to is None else ReplyParameters(message_id=reply_to, allow_sending_without_reply=True)
         result = await self._call(self.bot.send_message(
-            chat_id=chat_id, message_thread_id=thread_id, text=message.text, entities=_entities(message),
-            parse_mode=message.parse_mode, disable_notification=silent, reply_markup=_markup(buttons),
-            reply_parameters=reply))
+            chat_id=target.chat_id, message_thread_id=target.thread_id, text=message.text,
+            entities=_entities(message), parse_mode=message.parse_mode, disable_notification=silent,
+            reply_markup=_markup(buttons), reply_parameters=reply))
         return _message_id(result)
 
     async def edit_message(self, chat_id: int, message_id: int, message: Rendered, *,
@@ -192,24 +173,26 @@ class TelegramGateway:
         return await self._call(self.bot.answer_callback_query(callback_query_id=query_id, text=text,
                                                                show_alert=alert))
 
-    async def send_chat_action(self, chat_id: int, thread_id: int | None, action: str) -> CallResult:
-        return await self._call(self.bot.send_chat_action(chat_id=chat_id, message_thread_id=thread_id, action=action))
+    async def send_chat_action(self, target: Target, action: str) -> CallResult:
+        return await self._call(self.bot.send_chat_action(chat_id=target.chat_id, message_thread_id=target.thread_id,
+                                                          action=action))
 
-    async def send_document(self, chat_id: int, thread_id: int | None, file_name: str, data: bytes,
+    async def send_document(self, target: Target, file_name: str, data: bytes,
                             caption: Rendered | None, *, silent: bool = False,
                             buttons: InlineKeys | None = None) -> CallResult:
         """A file; the value is its message id."""
         return _message_id(await self._call(self.bot.send_document(
-            chat_id=chat_id, message_thread_id=thread_id, document=io.BytesIO(data), filename=file_name,
+            chat_id=target.chat_id, message_thread_id=target.thread_id, document=io.BytesIO(data), filename=file_name,
             caption=caption.text if caption else None, caption_entities=_entities(caption),
             parse_mode=caption.parse_mode if caption else None, disable_notification=silent,
             reply_markup=_markup(buttons))))
 
-    async def send_photo(self, chat_id: int, thread_id: int | None, file_name: str, data: bytes,
+    async def send_photo(self, target: Target, file_name: str, data: bytes,
                          caption: Rendered | None, *, silent: bool = False) -> CallResult:
         """An image shown as a photo; the value is its message id."""
         return _message_id(await self._call(self.bot.send_photo(
-            chat_id=chat_id, message_thread_id=thread_id, photo=InputFile(io.BytesIO(data), filename=file_name),
+            chat_id=target.chat_id, message_thread_id=target.thread_id,
+            photo=InputFile(io.BytesIO(data), filename=file_name),
             caption=caption.text if caption else None, caption_entities=_entities(caption),
             parse_mode=caption.parse_mode if caption else None, disable_notification=silent)))
 
@@ -230,8 +213,8 @@ class TelegramGateway:
     async def get_commands(self, chat_id: int) -> CallResult:
         """The command menu set for ``chat_id`` (``BotCommandScopeChat``), as (command, description) pairs."""
         result = await self._call(self.bot.get_my_commands(scope=BotCommandScopeChat(chat_id)))
-        if result.outcome is Outcome.OK:
-            return CallResult(Outcome.OK, value=[(c.command, c.description) for c in result.value])
+        if result.outcome is CallOutcome.OK:
+            return CallResult(CallOutcome.OK, value=[(c.command, c.description) for c in result.value])
         return result
 
     async def set_commands(self, chat_id: int, commands: Sequence[tuple[str, str]]) -> CallResult:
@@ -255,7 +238,7 @@ class TelegramGateway:
             return
         url, announced = found.value.file_path or "", found.value.file_size
         if not url.startswith(("http://", "https://")):
-            yield CallResult(Outcome.REJECTED, "Telegram gave no downloadable file path")
+            yield CallResult(CallOutcome.REJECTED, "Telegram gave no downloadable file path")
             return
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=DOWNLOAD_CONNECT_TIMEOUT_S,
                                         sock_read=DOWNLOAD_READ_TIMEOUT_S)
@@ -264,22 +247,23 @@ class TelegramGateway:
             try:
                 response = await session.get(url, headers={"Accept-Encoding": "identity"})
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                yield CallResult(Outcome.AMBIGUOUS, describe_download_error(exc))
+                yield CallResult(CallOutcome.AMBIGUOUS, describe_download_error(exc))
                 return
             async with response:
                 if response.status != 200:
                     # 4xx: Telegram no longer has the file (a path expires after an hour); else it may be back later.
                     definite = 400 <= response.status < 500 and response.status != 429
-                    yield CallResult(Outcome.REJECTED if definite else Outcome.AMBIGUOUS,
+                    yield CallResult(CallOutcome.REJECTED if definite else CallOutcome.AMBIGUOUS,
                                      f"file download: HTTP {response.status}")
                     return
                 # A compressed body's length is not the file's (the server should not compress: identity asked).
                 length = None if response.headers.get("Content-Encoding", "identity") != "identity" else (
                     response.content_length)
                 if length is not None and announced and length != announced:
-                    yield CallResult(Outcome.AMBIGUOUS, f"file download: {length} bytes, {announced} announced")
+                    yield CallResult(CallOutcome.AMBIGUOUS, f"file download: {length} bytes, {announced} announced")
                     return
-                yield CallResult(Outcome.OK, value=FileStream(response, length if length is not None else announced))
+                size = length if length is not None else announced
+                yield CallResult(CallOutcome.OK, value=FileStream(response, size))
 
 
 def _markup(buttons: InlineKeys | InlineKeyboardMarkup | None) -> InlineKeyboardMarkup | None:
@@ -297,6 +281,6 @@ def _entities(message: Rendered | None) -> list[MessageEntity] | None:
 
 
 def _message_id(result: CallResult) -> CallResult:
-    if result.outcome is Outcome.OK and result.value is not None and hasattr(result.value, "message_id"):
-        return CallResult(Outcome.OK, value=result.value.message_id)
+    if result.outcome is CallOutcome.OK and result.value is not None and hasattr(result.value, "message_id"):
+        return CallResult(CallOutcome.OK, value=result.value.message_id)
     return result

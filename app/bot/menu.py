@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from topicbus.bot.gateway import CallResult, TelegramGateway
+from topicbus.core.telegram import CallResult
+from topicbus.bot.gateway import TelegramGateway
 
 CONTROL_COMMANDS: tuple[tuple[str, str], ...] = (
     ("status", "Control topic: agents, slots and queued messages"),

@@ -31,7 +31,8 @@ from telegram.warnings import PTBUserWarning
 
 from topicbus.bot.gateway import retry_after_seconds
 from topicbus.retry import Backoff
-from topicbus.storage.db import AuthorityLost, StorageUnavailable
+from topicbus.core.authority import AuthorityLost
+from topicbus.storage.db import StorageUnavailable
 
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 MAX_HANDLER_ATTEMPTS = 3

@@ -31,15 +31,16 @@ import hmac
 import ipaddress
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from loguru import logger
 
-from topicbus.bot.gateway import DownloadInterrupted, FileStream
+from topicbus.ports.bus import LeaderBus
+from topicbus.core.telegram import DownloadInterrupted
+from topicbus.ports.telegram import FileDownload
 from topicbus.bus.follower_socket import FollowerSocket
 from topicbus.bus.guard import ConnectionGuard, effective_max_connections
 from topicbus.bus.metrics import Snapshot
@@ -51,7 +52,7 @@ from topicbus.protocol import (BUS_PATH, FILES_PATH, MAX_FRAME_BYTES, Disconnect
                                leader_identity, request_id_of, wire_result)
 from topicbus.retry import sleep_or_stop
 from topicbus.status_json import status_document
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.authority import AuthorityLost
 
 REPLAY_LEDGER_SIZE = 4096
 
@@ -110,30 +111,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-class LeaderBus(Protocol):
-    """What the bus needs from the leader: one method per request kind."""
-
-    leader_build: str
-
-    def follower_count(self) -> int: ...
-
-    async def register(self, req: Registration, connection: FollowerSocket) -> RegistrationResult: ...
-
-    async def heartbeat(self, req: FollowerRequest) -> HeartbeatResult: ...
-
-    async def disconnect(self, req: FollowerRequest) -> None: ...
-
-    async def send(self, req: SendRequest) -> SendResult: ...
-
-    async def receipt(self, connection: FollowerSocket, delivery_id: str) -> None: ...
-
-    def connection_closed(self, connection: FollowerSocket) -> None: ...
-
-    def open_document(self, file_id: str) -> AbstractAsyncContextManager[FileStream | None]:
-        """A routed document's bytes, streamed while the block runs; None when it is not served."""
-        ...
 
 
 class DownloadSlots:
@@ -329,7 +306,7 @@ class BusServer:
                 return web.json_response({"error": "not-found"}, status=404)
             return await self._stream_file(request, file_id, stream)
 
-    async def _stream_file(self, request: web.Request, file_id: str, stream: FileStream) -> web.StreamResponse:
+    async def _stream_file(self, request: web.Request, file_id: str, stream: FileDownload) -> web.StreamResponse:
         """The file's chunks as they come from Telegram, with Content-Length when Telegram gave the
         size. Once the answer has begun a failure can only cut it: the connection is aborted, so the
         follower sees a body shorter than announced (or an unfinished chunked one), never a whole file."""

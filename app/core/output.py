@@ -382,3 +382,14 @@ def _last_line(text: str) -> str:
         if line.strip():
             return line
     return ""
+
+
+@dataclass(frozen=True)
+class TopicBacklog:
+    """What waits for one topic."""
+
+    chat_id: int
+    thread_id: int | None
+    items: int
+    units: int  # UTF-16 units of pending text
+    head_id: int

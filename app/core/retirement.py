@@ -17,9 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from topicbus.core.bindings import Binding
+from topicbus.core.target import Target
 from topicbus.core.slots import BlockedSlot, FreeSlot, SlotPlan
 
-Outcome = Literal["absent", "present", "rejected", "unknown"]
+#: What Telegram's answer to the deletion (or the probe after it) says of the topic.
+DeletionAnswer = Literal["absent", "present", "rejected", "unknown"]
 ResultKind = Literal["retired", "not-needed", "cancelled", "retained", "blocked"]
 
 
@@ -58,7 +61,7 @@ class RetirementState:
     fence: FenceView | None
     plan: SlotPlan | None = None  # the planner's answer when no intent exists (None: not computed)
     issued: bool = False  # this run recorded the deletion permit (so it deletes; it does not probe)
-    outcome: Outcome | None = None  # this run's delete or probe answer
+    outcome: DeletionAnswer | None = None  # this run's delete or probe answer
 
 
 # --- actions -------------------------------------------------------------------------------------
@@ -195,3 +198,23 @@ def next_step(s: RetirementState) -> Action:
     if fence.phase == "commit-ready":
         return Commit()
     return _retained("fence-conflict")
+
+
+@dataclass(frozen=True)
+class RetirementIntent:
+    id: str
+    binding_key: str
+    binding: Binding  # exact snapshot of the victim binding when the intent was made
+    slot: str
+    chat_id: int
+    thread_id: int | None
+    leader_epoch: int
+    requested_at_ms: int
+
+    @property
+    def target(self) -> Target:
+        return Target(self.chat_id, self.thread_id)
+
+    @staticmethod
+    def make_id(binding: Binding) -> str:
+        return f"workspace-retirement:pressure:{binding.binding_key}:{binding.slot}:{binding.inactive_since_ms}"

@@ -31,16 +31,21 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from topicbus.core.target import Target
+from topicbus.ports.store import Journal
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
+from collections.abc import Callable
 from topicbus.core.startup import Timers
 from topicbus.core.records import ControlItem, InboundItem
 from topicbus.leader.inbound import InboundScreen, age_text, combine_album, preview
 from topicbus.leader.notices import Notices
 from topicbus.leader.roster import Roster
 from topicbus.leader.routing import Router
-from topicbus.leader.term import LeaderTerm
+from topicbus.leader.term import LeaderTerm, TermTasks, new_operation_id
 from topicbus.protocol import CAP_CONTROL, CAP_SCREEN
-from topicbus.storage.db import AuthorityLost
-from topicbus.storage.journal import JournalItem, JournalRepository
+from topicbus.core.authority import AuthorityLost
+from topicbus.core.journal import JournalItem
 
 CONTROL_ACTIONS = ("interrupt", "kill", "eof", "screen")
 RESERVED_COMMANDS = (*CONTROL_ACTIONS, "queue", "drop")
@@ -101,9 +106,12 @@ def expiry_interval_s(ttl_ms: int) -> float:
 
 
 class OfflineQueue:
-    def __init__(self, term: LeaderTerm, journal: JournalRepository, notices: Notices, screen: InboundScreen,
-                 timers: Timers | None):
+    def __init__(self, term: LeaderTerm, journal: Journal, notices: Notices, screen: InboundScreen,
+                 timers: Timers | None, *, clock: Clock, events: EventJournal, tasks: TermTasks):
         self._term = term
+        self._clock = clock
+        self._events = events
+        self._tasks = tasks
         self._journal = journal
         self._notices = notices
         self._screen = screen
@@ -116,7 +124,7 @@ class OfflineQueue:
     def start(self) -> None:
         """Sweep now and then, and report at once what the delivery hub expired."""
         self._arm()
-        self._term.spawn(self._watch())
+        self._tasks.spawn(self._watch())
 
     def _arm(self) -> None:
         if self._timers is not None and self.ttl_ms and self._term.current() is not None:
@@ -144,7 +152,7 @@ class OfflineQueue:
         if not self.ttl_ms:
             return 0
         try:
-            now = self._term.now_ms()
+            now = self._clock.now_ms()
             expired = await self._journal.expire_older_than(now - self.ttl_ms, now, self._term.authority())
             await self.report()
         except AuthorityLost:
@@ -156,8 +164,8 @@ class OfflineQueue:
         for binding_key, items in (await self._journal.unreported_expired()).items():
             authority = self._term.authority()
             await self._notices.post(binding_key, self._expiry_text(items), authority=authority)
-            await self._journal.mark_reported([i.seq for i in items], self._term.now_ms(), authority)
-            self._term.events.record("Messages for an offline agent expired", phase="offline-expiry",
+            await self._journal.mark_reported([i.seq for i in items], self._clock.now_ms(), authority)
+            self._events.record("Messages for an offline agent expired", phase="offline-expiry",
                                      bindingKey=binding_key, count=len(items))
 
     def _expiry_text(self, items: list[JournalItem]) -> str:
@@ -169,7 +177,7 @@ class OfflineQueue:
     def _lines(self, items: list[JournalItem], total: int | None = None) -> list[str]:
         """The oldest :data:`QUEUE_LINES` entries of ``items``, then how many more there are of
         ``total`` (default: of ``items``)."""
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         entries = collapse_albums(items)
         total = len(entries) if total is None else total
         lines = [f"• {age_text(now - first.created_at_ms)} ago: {preview(payload) or '(empty)'}"
@@ -198,10 +206,10 @@ class OfflineQueue:
 
     async def drop(self, binding_key: str, *, online: bool) -> str:
         """``/drop``: nothing that waits is delivered any more."""
-        dropped = await self._journal.drop_waiting(binding_key, self._term.now_ms(), self._term.authority())
+        dropped = await self._journal.drop_waiting(binding_key, self._clock.now_ms(), self._term.authority())
         if not dropped:
             return "Nothing to drop: no message waits for this agent."
-        self._term.events.record("Owner dropped waiting messages", phase="offline-drop", bindingKey=binding_key,
+        self._events.record("Owner dropped waiting messages", phase="offline-drop", bindingKey=binding_key,
                                  count=dropped)
         text = f"🗑 Dropped {dropped} message{'s' if dropped != 1 else ''}: the agent will not get {'them' if dropped != 1 else 'it'}."
         if online:
@@ -212,8 +220,11 @@ class OfflineQueue:
 class AgentCommands:
     """The reserved commands of agent topics, and the control path a button press reuses."""
 
-    def __init__(self, term: LeaderTerm, router: Router, roster: Roster, notices: Notices, queue: OfflineQueue):
+    def __init__(self, term: LeaderTerm, router: Router, roster: Roster, notices: Notices, queue: OfflineQueue, *,
+                 clock: Clock, new_id: Callable[[], str] = new_operation_id):
         self._term = term
+        self._clock = clock
+        self._new_id = new_id
         self._router = router
         self._roster = roster
         self._notices = notices
@@ -224,7 +235,7 @@ class AgentCommands:
                      message_id: int | None = None, typed_at_ms: int | None = None) -> bool:
         """One reserved command typed in a topic; False when the topic is not an agent's. What
         the owner sent before it in the same batch is journaled and delivered first."""
-        binding_key = await self._router.binding_for_topic(chat_id, thread_id)
+        binding_key = await self._router.binding_for_topic(Target(chat_id, thread_id))
         if binding_key is None:
             return False
         await self._router.flush_batch()
@@ -265,7 +276,7 @@ class AgentCommands:
     async def _send(self, binding_key: str, action: str, message_id: int | None, typed_at_ms: int | None,
                     generation: str | None, origin: str | None) -> ControlOutcome:
         command = f"/{action}"
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         if typed_at_ms is not None and now - typed_at_ms > CONTROL_TTL_MS + CLOCK_SLACK_MS:
             return ControlOutcome(False, "expired", f"⌛ {command} was not sent: you typed it {age_text(now - typed_at_ms)} "
                                   f"ago, and commands are only sent within {CONTROL_TTL_MS // 1000} s.")
@@ -283,7 +294,7 @@ class AgentCommands:
                 typed_at_ms is not None and record.connected_at_ms > typed_at_ms + CLOCK_SLACK_MS):
             return ControlOutcome(False, "earlier-process", f"{command} was not sent: the agent registered after you "
                                   "typed it, so it was meant for an earlier process. Send it again if you mean this one.")
-        delivery_id = f"c-{origin or self._term.new_id()}"
+        delivery_id = f"c-{origin or self._new_id()}"
         sent = await self._roster.hub.send_now(binding_key, record.instance_id, record.registration_generation,
                                                delivery_id, ControlItem(action, message_id))
         if not sent:

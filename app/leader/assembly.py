@@ -1,26 +1,35 @@
-"""The one place where a leadership term's parts are built and wired, and the order a term opens in.
+"""The composition root of a leadership term: where its adapters are picked, its parts built and
+wired, and the order a term opens in.
 
-:func:`assemble` constructs every use case once, each with the narrow ports it needs, in an order
-without cycles (no collaborator is attached after construction). :func:`open_term` is the start
-sequence before followers are accepted; the leader process and the integration tests both use
-both, so tests exercise exactly the production composition.
+:func:`assemble` picks the adapters — the SQLite store (``storage/store.SqliteStore``) and the
+Telegram gateway (``bot/gateway.TelegramGateway``) — and constructs every use case once, each with
+the ports and the few objects it needs (the term's authority, the store, the clock, the event
+journal), in an order without cycles (no collaborator is attached after construction).
+:func:`open_term` is the start sequence before followers are accepted. The integration tests drive
+the :class:`LeaderServices` it builds; the leader process holds only a :class:`RunningTerm`, the
+few things it asks of a term. Both use the same functions, so tests exercise exactly the
+production composition.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from telegram import Bot
+from telegram.ext import Application
 
+from topicbus import handlers
 from topicbus.bot.gateway import TelegramGateway
+from topicbus.core.status import StatusReport
+from topicbus.core.clock import Clock
 from topicbus.core.display import DisplayMode
 from topicbus.core.liveness import LivenessPort
 from topicbus.core.mutations import FollowerMutationQueue
-from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.registry import FollowerRegistry
-from topicbus.core.startup import Timers
+from topicbus.core.startup import StartupWindow, Timers
 from topicbus.leader.agent_commands import AgentCommands, OfflineQueue
 from topicbus.leader.buttons import ButtonPresses
 from topicbus.leader.control import ControlDesk
@@ -34,29 +43,36 @@ from topicbus.leader.outbound import OutboundOptions, OutboundScheduler, Schedul
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.press_answers import PressAnswerLane
 from topicbus.leader.provisioning import TopicProvisioner
+from topicbus.leader.pruner import FollowerPruner
 from topicbus.leader.reactions import ReceiptReactions, reaction_emoji
 from topicbus.leader.registration import Registrations
 from topicbus.leader.roster import Roster
 from topicbus.leader.rotation import SlotRotation
 from topicbus.leader.routing import Router
 from topicbus.leader.status import StatusView
-from topicbus.leader.term import LeaderTerm
+from topicbus.leader.term import LeaderTerm, TermTasks
 from topicbus.leader.titles import DEBOUNCE_S, DisplayReconciler
-from topicbus.leader.topics import ControlTopic, TopicCache, TopicEvents, TopicsBeingBound, record_topic_gone
+from topicbus.leader.topics import ControlTopic, GoneTopics, TopicCache, TopicEvents, TopicsBeingBound
 from topicbus.leader.transcription import Transcriber, TranscriptionOptions
-from topicbus.storage.admission import AdmissionLedger
-from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.journal import JournalRepository
+from topicbus.logsetup import EventJournal
+from topicbus.ports.store import Admission, Store
+from topicbus.storage.db import Database
+from topicbus.storage.store import SqliteStore
 
 
 @dataclass
 class LeaderServices:
-    """Everything one term runs, by role."""
+    """Every part of one term, by role: what :func:`open_term` and :func:`close_term` start and stop,
+    and what the integration tests drive. The leader process does not hold it (:class:`RunningTerm`)."""
 
     term: LeaderTerm
+    store: Store
+    tasks: TermTasks
+    events: EventJournal
     gateway: ScheduledGateway
+    hub: DeliveryHub
     roster: Roster
-    admission: AdmissionLedger
+    admission: Admission
     mutations: FollowerMutationQueue
     preferences: Preferences
     control: ControlTopic
@@ -81,82 +97,92 @@ class LeaderServices:
     transcriber: Transcriber
 
 
-def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPort, default_cleanup: bool,
-             default_display_mode: DisplayMode | None, stale_after_ms: int, outbound_options: OutboundOptions,
-             display_debounce_s: float = DEBOUNCE_S, offline_ttl_s: float = 86_400.0,
-             receipt_reaction: str | None = "👀", cleanup_grace_s: float = 600.0,
+def assemble(term: LeaderTerm, *, db: Database, bot: Bot, clock: Clock, events: EventJournal, chat_id: int,
+             timers: Timers, liveness: LivenessPort, default_cleanup: bool, default_display_mode: DisplayMode | None,
+             stale_after_ms: int, outbound_options: OutboundOptions, display_debounce_s: float = DEBOUNCE_S,
+             offline_ttl_s: float = 86_400.0, receipt_reaction: str | None = "👀", cleanup_grace_s: float = 600.0,
              transcription: TranscriptionOptions = TranscriptionOptions()) -> LeaderServices:
+    # The adapters: the SQLite store and the Telegram gateway. Nothing below knows either but by its port.
+    sqlite = SqliteStore(db)
+    store: Store = sqlite
     telegram = TelegramGateway(bot)
-    titles = TopicCache(BindingRepository(term.db))
+    tasks = TermTasks()
+    titles = TopicCache(store.bindings)
     # Who is registered: the roster keeps it; the keyboards under output ask it whether the process
     # that printed a message can still be interrupted.
     registry = FollowerRegistry()
-    keyboards = Keyboards(term, registry)
+    keyboards = Keyboards(term, registry, store=store, clock=clock)
     # Every outbound call of the term goes through the one scheduler that spends the chat's budget;
     # the use cases get the gateway's methods through it (ScheduledGateway). A topic Telegram says
     # is gone is recorded in the store; its follower learns it at its next heartbeat.
-    outbound = OutboundScheduler(term, telegram, outbound_options,
-                                 on_topic_gone=functools.partial(record_topic_gone, term, titles), keyboards=keyboards)
+    gone = GoneTopics(term=term, topics=titles, store=store, clock=clock, events=events)
+    outbound = OutboundScheduler(term, telegram, outbound_options, on_topic_gone=gone.record, keyboards=keyboards,
+                                 store=store, clock=clock, events=events)
     gateway = ScheduledGateway(telegram, outbound)
     # Answers to button presses have a bounded lane of their own beside the scheduler (they spend
     # none of the chat's allowance, and a storm of presses must never delay output); it keeps the
     # chat's RetryAfter pause.
     press_answers = PressAnswerLane(telegram, outbound_options.press_answers,
                                     paused_until=lambda: outbound.budget.paused_until)
-    journal = JournalRepository(term.db)
-    screen = InboundScreen(journal, term.clock, term.authority, offline_ttl_ms=int(offline_ttl_s * 1000))
+    screen = InboundScreen(store.journal, clock, term.authority, offline_ttl_ms=int(offline_ttl_s * 1000))
     # The receipt reaction is the lowest-priority call, skipped while output is held back.
-    reactions = ReceiptReactions(react=gateway.set_message_reaction, chat_id=term.chat_id,
-                                 emoji=reaction_emoji(receipt_reaction), spawn=term.spawn)
-    roster = Roster(DeliveryHub(journal, term.clock, term.authority, screen=screen,
-                                on_delivered=reactions.on_delivered), registry)
-    admission = AdmissionLedger(term.db, term.owner, term.now_ms, term.authority)
+    reactions = ReceiptReactions(react=gateway.set_message_reaction, chat_id=chat_id,
+                                 emoji=reaction_emoji(receipt_reaction), spawn=tasks.spawn)
+    hub = DeliveryHub(store.journal, clock, term.authority, screen=screen, on_delivered=reactions.on_delivered)
+    roster = Roster(hub, registry)
+    admission = sqlite.admission(term.owner, clock.now_ms, term.authority)
     mutations = FollowerMutationQueue()
-    preferences = Preferences(term, default_cleanup=default_cleanup, default_display_mode=default_display_mode)
+    preferences = Preferences(term, default_cleanup=default_cleanup, default_display_mode=default_display_mode, store=store, clock=clock, events=events)
     control = ControlTopic()
     display = DisplayReconciler(term=term, roster=roster, preferences=preferences, control=control, gateway=gateway,
-                                admission=admission, timers=timers, titles=titles, debounce_s=display_debounce_s)
-    topics = TopicEvents(term, roster, titles, display.schedule)
-    provisioner = TopicProvisioner(term, gateway, preferences, output_moved=outbound.wake)
-    rotation = SlotRotation(term=term, roster=roster, admission=admission, gateway=gateway, gate=provisioner.gate)
-    notices = Notices(term, control, outbound.wake)
-    handler = DepartureHandler(term, gateway)
+                                admission=admission, timers=timers, titles=titles, gone=gone,
+                                debounce_s=display_debounce_s, store=store, events=events)
+    topics = TopicEvents(term, roster, titles, gone, display.schedule, store=store)
+    provisioner = TopicProvisioner(gateway, preferences, output_moved=outbound.wake, chat_id=chat_id, store=store, clock=clock, events=events)
+    rotation = SlotRotation(term=term, roster=roster, admission=admission, gateway=gateway, gate=provisioner.gate,
+                            store=store, clock=clock, events=events)
+    notices = Notices(term, control, outbound.wake, store=store, clock=clock)
+    handler = DepartureHandler(term, gateway, store=store, clock=clock, events=events)
     departures = Departures(term, roster, preferences, admission, mutations, handler,
                             ScheduledCleanups(term, handler, admission, timers, notices, display.schedule,
-                                              grace_ms=int(cleanup_grace_s * 1000)),
+                                              grace_ms=int(cleanup_grace_s * 1000), tasks=tasks, store=store, clock=clock, events=events),
                             display.schedule)
     pruner = FollowerPruner(
-        registry=roster.registry, now_ms=term.now_ms, stale_after_ms=stale_after_ms,
+        registry=registry, now_ms=clock.now_ms, stale_after_ms=stale_after_ms,
         leader_epoch=lambda: term.epoch, profile=lambda: "default",
         liveness=lambda r: liveness.probe(r.pid, r.process_birth_id, r.host_id),
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
-        on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record,
+        on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=events.record,
         on_pruned=roster.pruned)
     # A registration's new topic and its binding become routable together: the router holds an
     # update in a topic it does not know until the registrations running now have finished.
     being_bound = TopicsBeingBound()
     # Voice notes as text: downloaded through the gateway (no budget spent), transcribed in the
     # background, released into the binding's delivery (kick) once the transcript is in.
-    transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=roster.hub.kick)
+    transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=hub.kick,
+                              store=store, clock=clock, tasks=tasks)
     # A follower whose socket dropped has until it would count as stale to reconnect before the owner
     # is told it is offline.
     router = Router(term, roster, gateway, notices, outbound, timers=timers, being_bound=being_bound,
-                    transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000)
-    agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
-    buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers)
+                    transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000, store=store, clock=clock, events=events)
+    offline = OfflineQueue(term, store.journal, notices, screen, timers, clock=clock, events=events, tasks=tasks)
+    agent_commands = AgentCommands(term, router, roster, notices, offline, clock=clock)
+    buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers, store=store, clock=clock, tasks=tasks)
     registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
                                   admission=admission, mutations=mutations, pruner=pruner, titles=titles,
-                                  control=control, on_roster_change=display.schedule, being_bound=being_bound)
+                                  control=control, on_roster_change=display.schedule, being_bound=being_bound,
+                                  tasks=tasks, chat_id=chat_id, store=store, clock=clock, events=events)
     control_desk = ControlDesk(term=term, roster=roster, preferences=preferences, admission=admission,
-                               display=display, departures=departures, pruner=pruner)
+                               display=display, departures=departures, pruner=pruner, store=store, events=events)
     status = StatusView(term=term, roster=roster, preferences=preferences, control=control, router=router,
-                        registrations=registrations, outbound=outbound, rotation=rotation, pruner=pruner)
-    followers = FollowerDesk(term=term, roster=roster, registrations=registrations, departures=departures,
-                             router=router)
-    return LeaderServices(term=term, gateway=gateway, roster=roster, admission=admission, mutations=mutations,
-                          preferences=preferences,
-                          control=control, titles=titles, display=display, topics=topics, rotation=rotation,
-                          departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
+                        registrations=registrations, outbound=outbound, rotation=rotation, pruner=pruner,
+                        store=store, clock=clock, chat_id=chat_id)
+    followers = FollowerDesk(roster=roster, registrations=registrations, departures=departures, router=router,
+                             events=events)
+    return LeaderServices(term=term, store=store, tasks=tasks, events=events, gateway=gateway, hub=hub, roster=roster,
+                          admission=admission, mutations=mutations, preferences=preferences, control=control,
+                          titles=titles, display=display, topics=topics, rotation=rotation, departures=departures,
+                          pruner=pruner, outbound=outbound, notices=notices, router=router,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,
                           agent_commands=agent_commands, reactions=reactions, keyboards=keyboards,
                           press_answers=press_answers, buttons=buttons, transcriber=transcriber)
@@ -164,7 +190,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
 
 async def open_term(services: LeaderServices, *, replay: bool = True,
                     provision_control: Callable[[], Awaitable[bool]] | None = None) -> bool:
-    """The start sequence before followers are accepted (docs/architecture.md, "A leadership term"): the outbound scheduler (through
+    """The start sequence before followers are accepted: the outbound scheduler (through
     which every Telegram call goes), settings, the startup window, holds of earlier leaders dropped,
     pending cleanups replayed, the control topic, the previous roster restored, pruning begun, album
     gathering and the offline queue's sweep. ``provision_control`` provisions the control topic
@@ -179,7 +205,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
     if replay:
         done, failed = await s.departures.handler.replay(authority)
         if done or failed:
-            s.term.events.record("Replayed pending cleanups", phase="cleanup-replay", completed=done, pending=failed)
+            s.events.record("Replayed pending cleanups", phase="cleanup-replay", completed=done, pending=failed)
         s.departures.scheduled.resume()  # topics in their grace period: deleted when it ends
     if provision_control is None:
         await s.registrations.provision_control_topic()
@@ -203,6 +229,77 @@ async def close_term(services: LeaderServices) -> None:
     await services.outbound.stop()
     await services.press_answers.stop()
     await services.roster.close()
-    await services.term.close()
+    await services.tasks.close()
     await services.transcriber.close()
     services.term.revoke()
+
+
+class RunningTerm:
+    """What the leader process holds of one term, and the few things it asks of it: its handlers in
+    PTB's ``Application``, the bus's view of the leader, the status document, the /metrics figures,
+    the inbound batch the poller journals, the periodic prune and purge, and opening and closing."""
+
+    def __init__(self, services: LeaderServices):
+        self._s = services
+        self.followers: FollowerDesk = services.followers  # what the bus server serves
+        self.startup: StartupWindow = services.display.startup  # armed when polling begins
+        self.notices: Notices = services.notices  # the greeting in the control topic
+        self.receipts: DeliveryHub = services.hub  # whether receipts reach the journal (/healthz)
+
+    @classmethod
+    def assemble(cls, term: LeaderTerm, **parts: Any) -> RunningTerm:
+        return cls(assemble(term, **parts))
+
+    def register_handlers(self, app: Application, *, chat_id: int, owner_ids: frozenset[int]) -> None:
+        handlers.register_all(app, self._s, chat_id=chat_id, owner_ids=owner_ids)
+
+    async def open(self, *, provision_control: Callable[[], Awaitable[bool]] | None = None) -> bool:
+        return await open_term(self._s, provision_control=provision_control)
+
+    async def close(self) -> None:
+        await close_term(self._s)
+
+    def stop_title_passes(self) -> None:
+        """The first step of a stop, before the poller ends: no title pass starts any more."""
+        self._s.display.cancel()
+
+    async def provision_control_topic(self) -> None:
+        await self._s.registrations.provision_control_topic()
+
+    def inbound_batch(self, received_at: float) -> AbstractAsyncContextManager[None]:
+        return self._s.router.inbound_batch(received_at)
+
+    async def status(self, role: str) -> StatusReport:
+        return await self._s.status.snapshot(role)
+
+    def follower_count(self) -> int:
+        return len(self._s.roster)
+
+    async def prune(self) -> None:
+        await self._s.pruner.tick()
+
+    async def purge_history(self, keep_ms: int, now_ms: int) -> tuple[int, int, int]:
+        """Delivered and sent rows, and inline keyboards, older than ``keep_ms``: how many of each went.
+        (A press on a keyboard older than that is answered as stale.)"""
+        journal, outbox = await self._s.router.purge_history(keep_ms)
+        keyboards = await self._s.store.keyboards.purge(now_ms - keep_ms, self._s.term.authority())
+        return journal, outbox, keyboards
+
+    def metrics(self) -> dict[str, Any]:
+        """This term's /metrics figures (the process adds its own)."""
+        s = self._s
+        return {
+            "topicbus_followers": len(s.roster),
+            "topicbus_routed_total": s.router.routed,
+            "topicbus_delivered_total": s.hub.delivered,
+            "topicbus_registrations_total": s.registrations.count,
+            "topicbus_outbound_sent_total": s.outbound.sent,
+            "topicbus_outbound_retry_after_total": s.outbound.retry_after_hits,
+            "topicbus_route_latency_ms": {"0.5": s.router.latency.quantile(0.5) or 0,
+                                          "0.99": s.router.latency.quantile(0.99) or 0},
+            "topicbus_display_passes_total": s.display.passes,
+            "topicbus_voice_notes_total": {"transcribed": s.transcriber.transcribed, "file": s.transcriber.fell_back},
+            "topicbus_display_edits_total": s.display.edits,
+            **s.outbound.metrics(),
+            "topicbus_press_answers_total": s.press_answers.counts,
+        }

@@ -38,7 +38,9 @@ from dataclasses import dataclass
 
 from loguru import logger
 
-from topicbus.bot.gateway import Outcome
+from topicbus.ports.store import Store, UnitOfWork
+from topicbus.core.clock import Clock
+from topicbus.core.telegram import CallOutcome
 from topicbus.core.formatting import MAX_MESSAGE, Rendered
 from topicbus.core.press_answers import Offer
 from topicbus.core.records import Button, ButtonItem
@@ -47,11 +49,10 @@ from topicbus.leader.keyboards import parse_callback
 from topicbus.leader.outbound import ScheduledGateway
 from topicbus.leader.press_answers import PressAnswerLane
 from topicbus.leader.routing import Router
-from topicbus.leader.term import LeaderTerm
+from topicbus.leader.term import LeaderTerm, TermTasks
 from topicbus.protocol import CAP_BUTTON
-from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.db import AuthorityLost, UnitOfWork
-from topicbus.storage.keyboards import INTERRUPT, Keyboard, KeyboardRepository
+from topicbus.core.authority import AuthorityLost
+from topicbus.core.keyboards import INTERRUPT, Keyboard
 
 RESUME_WINDOW_MS = 24 * 3600 * 1000  # answered keyboards whose edit is still owed, at a term's start
 
@@ -110,14 +111,16 @@ def with_choice(message: Rendered | None, label: str) -> Rendered | None:
 
 class ButtonPresses:
     def __init__(self, term: LeaderTerm, router: Router, commands: AgentCommands, gateway: ScheduledGateway,
-                 answers: PressAnswerLane):
+                 answers: PressAnswerLane, *, store: Store, clock: Clock, tasks: TermTasks):
         self._term = term
+        self._clock = clock
+        self._tasks = tasks
         self._router = router
         self._commands = commands
         self._gateway = gateway
         self._answers = answers
-        self._keyboards = KeyboardRepository(term.db)
-        self._bindings = BindingRepository(term.db)
+        self._keyboards = store.keyboards
+        self._bindings = store.bindings
         self._showing: set[str] = set()  # keyboards whose choice is being shown now
         self.outcomes: dict[str, int] = {}
 
@@ -173,9 +176,9 @@ class ButtonPresses:
         item = ButtonItem(button.data, press.message_id, press.user_id)
 
         async def claim(uow: UnitOfWork) -> bool:
-            return await KeyboardRepository.claim_tx(uow, keyboard.token, update_id=press.update_id, index=index,
-                                                     user_id=press.user_id, now_ms=self._term.now_ms(),
-                                                     message_id=press.message_id, shown=shown)
+            return await uow.keyboards.claim(keyboard.token, update_id=press.update_id, index=index,
+                                             user_id=press.user_id, now_ms=self._clock.now_ms(),
+                                             message_id=press.message_id, shown=shown)
 
         journaled = await self._router.route_bound(press.update_id, keyboard.binding_key, item,
                                                    for_instance=keyboard.instance_id, claim=claim)
@@ -214,7 +217,7 @@ class ButtonPresses:
     def _show_later(self, token: str) -> None:
         if token not in self._showing:
             self._showing.add(token)
-            self._term.spawn(self._show(token))
+            self._tasks.spawn(self._show(token))
 
     async def _show(self, token: str) -> None:
         try:
@@ -228,13 +231,13 @@ class ButtonPresses:
         if keyboard is None or keyboard.shown_at_ms is not None or keyboard.message_id is None:
             return
         chosen = keyboard.shown_text
-        result = await self._gateway.show_choice(keyboard.chat_id, keyboard.thread_id, keyboard.message_id, chosen)
-        if result.outcome is Outcome.REJECTED and chosen is not None:
+        result = await self._gateway.show_choice(keyboard.target, keyboard.message_id, chosen)
+        if result.outcome is CallOutcome.REJECTED and chosen is not None:
             # Telegram would not take the text back (entities it refuses): remove the buttons at least.
-            result = await self._gateway.show_choice(keyboard.chat_id, keyboard.thread_id, keyboard.message_id, None)
-        if result.ok or result.outcome in (Outcome.REJECTED, Outcome.GONE):  # done, or nothing more can be done
+            result = await self._gateway.show_choice(keyboard.target, keyboard.message_id, None)
+        if result.ok or result.outcome in (CallOutcome.REJECTED, CallOutcome.GONE):  # done, or nothing more can be done
             try:
-                await self._keyboards.mark_shown(token, self._term.now_ms(), self._term.authority())
+                await self._keyboards.mark_shown(token, self._clock.now_ms(), self._term.authority())
             except AuthorityLost:
                 return
         else:
@@ -243,7 +246,7 @@ class ButtonPresses:
 
     async def resume(self) -> int:
         """A new term: show the choice on messages answered before a crash and not edited yet."""
-        pending = await self._keyboards.unshown(self._term.now_ms() - RESUME_WINDOW_MS)
+        pending = await self._keyboards.unshown(self._clock.now_ms() - RESUME_WINDOW_MS)
         for keyboard in pending:
             self._show_later(keyboard.token)
         return len(pending)

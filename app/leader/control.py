@@ -5,17 +5,19 @@ Each method answers with the text the control topic shows; the handlers only par
 
 from __future__ import annotations
 
+from topicbus.ports.store import Admission, Store
+from topicbus.logsetup import EventJournal
+from collections.abc import Callable
 from topicbus.core.display import DisplayMode
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.target import Target
 from topicbus.leader.departure import CleanupUnconfirmed, Departures
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.roster import Roster
-from topicbus.leader.term import LeaderTerm
+from topicbus.leader.term import LeaderTerm, new_operation_id
 from topicbus.leader.titles import DisplayReconciler
 from topicbus.protocol import CAP_DISPLAY_TITLE
-from topicbus.storage.admission import PROFILE, AdmissionLedger
-from topicbus.storage.bindings import BindingRepository
+from topicbus.core.admission import PROFILE
 from topicbus.leader.pruner import FollowerPruner
 
 
@@ -24,16 +26,19 @@ class DisplayModeRefused(Exception):
 
 
 class ControlDesk:
-    def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, admission: AdmissionLedger,
-                 display: DisplayReconciler, departures: Departures, pruner: FollowerPruner):
+    def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, admission: Admission,
+                 display: DisplayReconciler, departures: Departures, pruner: FollowerPruner, store: Store,
+                 events: EventJournal, new_id: Callable[[], str] = new_operation_id):
         self._term = term
+        self._events = events
+        self._new_id = new_id
         self._roster = roster
         self.preferences = preferences
         self._admission = admission
         self._display = display
         self._departures = departures
         self._pruner = pruner
-        self._bindings = BindingRepository(term.db)
+        self._bindings = store.bindings
 
     @property
     def cleanup_grace_ms(self) -> int:
@@ -55,7 +60,7 @@ class ControlDesk:
             await self.preferences.set_display_mode(mode, authority)
             return await self._display.reconcile()
 
-        return await self._admission.run(self._term.new_id(), "workspace.set-display-mode", [PROFILE], op)
+        return await self._admission.run(self._new_id(), "workspace.set-display-mode", [PROFILE], op)
 
     async def forget_slot(self, slot: str) -> str:
         """Operator proof that the agent of ``slot`` is gone: the same departure as a proven death.
@@ -95,7 +100,7 @@ class ControlDesk:
                 return f"{name} cannot be forgotten right now; try again in a moment."
             return (f"{name}: Telegram did not confirm that its topic was deleted. Nothing is lost: the leader "
                     "tries again at its next start, or send /forget again in a moment.")
-        self._term.events.record("Operator forgot a slot", phase="operator-forget", slot=slot, cleanup=deleted)
+        self._events.record("Operator forgot a slot", phase="operator-forget", slot=slot, cleanup=deleted)
         if deleted:
             return (f"{name} forgotten: its topic was deleted. If that agent comes back, it gets a new topic "
                     "under the same letter.")

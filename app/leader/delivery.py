@@ -22,40 +22,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from loguru import logger
 
+from topicbus.ports.store import Journal
 from topicbus.core.clock import Clock
 from topicbus.core.records import ControlItem, Deliver, InboundItem, Superseded
 from topicbus.leader.inbound import HOLD, InboundScreen
+from topicbus.ports.bus import FollowerConnection
 from topicbus.protocol import may_deliver
-from topicbus.storage.db import Authority
-from topicbus.storage.journal import JournalItem, JournalRepository, parse_delivery_id
+from topicbus.core.authority import Authority
+from topicbus.core.journal import JournalItem, parse_delivery_id
 
 
 PAGE = 500
-
-
-class FollowerConnection(Protocol):
-    """What the bus transport offers the domain for one follower socket.
-
-    ``send_frame`` queues a frame (a delivery or a supersession; the transport encodes it) and returns
-    at once (it raises when the connection is gone or cannot take more); ``congested`` says the queue
-    should not be filled further until ``writable()`` returns (it raises when the connection is dropped
-    meanwhile)."""
-
-    @property
-    def closed(self) -> bool: ...
-
-    @property
-    def congested(self) -> bool: ...
-
-    async def writable(self) -> None: ...
-
-    async def send_frame(self, frame: Deliver | Superseded) -> None: ...
-
-    async def close(self, code: int = 1000, message: str = "") -> None: ...
 
 
 class _Route:
@@ -73,7 +53,7 @@ class _Route:
 
 
 class DeliveryHub:
-    def __init__(self, journal: JournalRepository, clock: Clock, authority: Callable[[], Authority], *,
+    def __init__(self, journal: Journal, clock: Clock, authority: Callable[[], Authority], *,
                  screen: InboundScreen | None = None,
                  on_delivered: Callable[[list[JournalItem]], Awaitable[None]] | None = None):
         self._journal = journal

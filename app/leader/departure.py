@@ -27,7 +27,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from topicbus.bot.gateway import Outcome
+from topicbus.ports.store import Admission, Store
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
+from topicbus.core.telegram import CallOutcome
 from topicbus.core.mutations import FollowerMutationQueue, follower_mutation_key
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.startup import Timers
@@ -35,12 +38,10 @@ from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import ScheduledGateway
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.roster import Roster
-from topicbus.leader.term import LeaderTerm
-from topicbus.storage.admission import PROFILE, AdmissionLedger
-from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.cleanups import CleanupIntent, CleanupRepository, ScheduledCleanup, ScheduledCleanupRepository
-from topicbus.storage.db import Authority
-from topicbus.storage.outbox import OutboxRepository
+from topicbus.leader.term import LeaderTerm, TermTasks, new_operation_id
+from topicbus.core.admission import PROFILE
+from topicbus.core.cleanups import CleanupIntent, ScheduledCleanup
+from topicbus.core.authority import Authority
 
 PROCESS_ENDED = "⏹ process ended"  # after a proven death; follow itself posts the exit code when it survives
 DRAIN_RECHECK_S = 1.0  # a due cleanup whose topic still has output to send looks again after this
@@ -55,11 +56,15 @@ class CleanupUnconfirmed(Exception):
 class DepartureHandler:
     """The two departures' mechanics: durable steps and Telegram calls, no policy."""
 
-    def __init__(self, term: LeaderTerm, gateway: ScheduledGateway):
+    def __init__(self, term: LeaderTerm, gateway: ScheduledGateway, *, store: Store, clock: Clock,
+                 events: EventJournal):
         self._term = term
+        self._store = store
+        self._clock = clock
+        self._events = events
         self._gateway = gateway
-        self._bindings = BindingRepository(term.db)
-        self._cleanups = CleanupRepository(term.db)
+        self._bindings = store.bindings
+        self._cleanups = store.cleanups
 
     # --- cleanup (delete) -------------------------------------------------------------------------
     async def cleanup(self, follower: FollowerRecord, authority: Authority, *, reason: str) -> bool:
@@ -74,43 +79,43 @@ class DepartureHandler:
                                      target.thread_id),
             binding_key=follower.binding_key, instance_id=follower.instance_id,
             registration_generation=follower.registration_generation, chat_id=target.chat_id,
-            thread_id=target.thread_id, reason=reason, requested_at_ms=self._term.now_ms(),
+            thread_id=target.thread_id, reason=reason, requested_at_ms=self._clock.now_ms(),
         )
-        async with self._term.unit_of_work(authority) as uow:
-            await CleanupRepository.upsert_tx(uow, intent)
+        async with self._store.unit_of_work(authority) as uow:
+            await uow.cleanups.upsert(intent)
         return await self.apply(intent, authority)
 
     async def apply(self, intent: CleanupIntent, authority: Authority) -> bool:
         """Carry out one durable intent (also used for replay)."""
-        events = self._term.events
+        events = self._events
         if await self._superseded(intent):
             await self._keep_open(intent, authority)
-            async with self._term.unit_of_work(authority) as uow:
-                await CleanupRepository.remove_tx(uow, intent.id)
+            async with self._store.unit_of_work(authority) as uow:
+                await uow.cleanups.remove(intent.id)
             events.record("Cleanup intent superseded by a newer owner; topic kept",
                           phase="cleanup-superseded", intentId=intent.id, threadId=intent.thread_id)
             return False
-        closed = await self._gateway.close_topic(intent.chat_id, intent.thread_id)
-        if closed.outcome in (Outcome.AMBIGUOUS, Outcome.RETRY_AFTER):
+        closed = await self._gateway.close_topic(intent.target)
+        if closed.outcome in (CallOutcome.AMBIGUOUS, CallOutcome.RETRY_AFTER):
             await self._unconfirmed(intent, authority, f"close: {closed.outcome} {closed.message}")
         if closed.ok:  # closed, not yet deleted: a binding reused before the delete reopens it first
             await self._note_closed(intent, authority)
-        deleted = await self._gateway.delete_topic(intent.chat_id, intent.thread_id)
-        if deleted.outcome not in (Outcome.OK, Outcome.GONE):
+        deleted = await self._gateway.delete_topic(intent.target)
+        if deleted.outcome not in (CallOutcome.OK, CallOutcome.GONE):
             await self._unconfirmed(intent, authority, f"delete: {deleted.outcome} {deleted.message}")
-        async with self._term.unit_of_work(authority) as uow:
-            await BindingRepository.mark_topic_deleted_tx(uow, intent.chat_id, intent.thread_id, self._term.now_ms())
-            await CleanupRepository.remove_tx(uow, intent.id)
+        async with self._store.unit_of_work(authority) as uow:
+            await uow.bindings.mark_topic_deleted(intent.target, self._clock.now_ms())
+            await uow.cleanups.remove(intent.id)
         events.record("Follower topic cleaned up", phase="follower-confirmed-dead-cleanup"
                       if intent.reason == "confirmed-dead" else "follower-disconnect",
                       instanceId=intent.instance_id, chatId=intent.chat_id, threadId=intent.thread_id)
         return True
 
     async def _note_closed(self, intent: CleanupIntent, authority: Authority) -> None:
-        async with self._term.unit_of_work(authority) as uow:
-            binding = await BindingRepository.get_tx(uow, intent.binding_key)
+        async with self._store.unit_of_work(authority) as uow:
+            binding = await uow.bindings.get(intent.binding_key)
             if binding is not None and binding.thread_id == intent.thread_id and binding.topic_state == "open":
-                await BindingRepository.set_topic_state_tx(uow, intent.binding_key, "closed")
+                await uow.bindings.set_topic_state(intent.binding_key, "closed")
 
     async def _keep_open(self, intent: CleanupIntent, authority: Authority) -> None:
         """A cancelled cleanup leaves its topic open: when this intent closed it (its delete failed
@@ -120,16 +125,15 @@ class DepartureHandler:
             return
         if binding.topic_state != "closed" and not (intent.last_error or "").startswith("delete:"):
             return
-        reopened = await self._gateway.reopen_topic(intent.chat_id, intent.thread_id)
-        self._term.events.record("Reopened the topic of a cancelled cleanup", phase="topic-reopen",
+        reopened = await self._gateway.reopen_topic(intent.target)
+        self._events.record("Reopened the topic of a cancelled cleanup", phase="topic-reopen",
                                  threadId=intent.thread_id, outcome=str(reopened.outcome))
         if reopened.ok and binding.topic_state == "closed":
-            async with self._term.unit_of_work(authority) as uow:
-                await BindingRepository.set_topic_state_tx(uow, intent.binding_key, "open")
-        elif reopened.outcome is Outcome.GONE:  # deleted after all: the next registration gets a new topic
-            async with self._term.unit_of_work(authority) as uow:
-                await BindingRepository.mark_topic_deleted_tx(uow, intent.chat_id, intent.thread_id,
-                                                              self._term.now_ms())
+            async with self._store.unit_of_work(authority) as uow:
+                await uow.bindings.set_topic_state(intent.binding_key, "open")
+        elif reopened.outcome is CallOutcome.GONE:  # deleted after all: the next registration gets a new topic
+            async with self._store.unit_of_work(authority) as uow:
+                await uow.bindings.mark_topic_deleted(intent.target, self._clock.now_ms())
 
     async def _superseded(self, intent: CleanupIntent) -> bool:
         binding = await self._bindings.get(intent.binding_key)
@@ -140,8 +144,8 @@ class DepartureHandler:
             intent.instance_id, intent.registration_generation)
 
     async def _unconfirmed(self, intent: CleanupIntent, authority: Authority, error: str) -> None:
-        async with self._term.unit_of_work(authority) as uow:
-            await CleanupRepository.note_error_tx(uow, intent.id, error)
+        async with self._store.unit_of_work(authority) as uow:
+            await uow.cleanups.note_error(intent.id, error)
         raise CleanupUnconfirmed(
             "Follower topic deletion was not confirmed; the cleanup intent is kept and retried by the next "
             f"leader start ({error}).")
@@ -155,7 +159,7 @@ class DepartureHandler:
                 done += 1
             except CleanupUnconfirmed as exc:
                 failed += 1
-                self._term.events.record(exc, phase="cleanup-replay", level="WARNING", intentId=intent.id)
+                self._events.record(exc, phase="cleanup-replay", level="WARNING", intentId=intent.id)
         return done, failed
 
     # --- preservation (detach, keep the topic) -------------------------------------------------------
@@ -166,15 +170,15 @@ class DepartureHandler:
             return False
         if not is_detached():
             return False
-        async with self._term.unit_of_work(authority) as uow:
-            owner = await BindingRepository.owner_tx(uow, follower.binding_key)
+        async with self._store.unit_of_work(authority) as uow:
+            owner = await uow.bindings.owner(follower.binding_key)
             if owner is None or (owner.instance_id, owner.registration_generation) != (
                     follower.instance_id, follower.registration_generation):
                 return True  # nothing of ours left to detach: settled
             if not is_detached():  # authority, replacement and death re-checked at the commit
                 return False
-            await BindingRepository.detach_owner_tx(uow, owner)
-            await BindingRepository.mark_inactive_tx(uow, follower.binding_key, self._term.now_ms())
+            await uow.bindings.detach_owner(owner)
+            await uow.bindings.mark_inactive(follower.binding_key, self._clock.now_ms())
         return True
 
 
@@ -182,18 +186,24 @@ class ScheduledCleanups:
     """Finished agents' topics kept readable for their grace period, then deleted if nobody took
     the workspace back — never before the topic's output went out (docs/operations.md, "Cleanup policy")."""
 
-    def __init__(self, term: LeaderTerm, handler: DepartureHandler, admission: AdmissionLedger, timers: Timers,
-                 notices: Notices, on_roster_change: Callable[[], None], *, grace_ms: int):
+    def __init__(self, term: LeaderTerm, handler: DepartureHandler, admission: Admission, timers: Timers,
+                 notices: Notices, on_roster_change: Callable[[], None], *, grace_ms: int, store: Store, clock: Clock,
+                 events: EventJournal, new_id: Callable[[], str] = new_operation_id, tasks: TermTasks):
         self._term = term
+        self._store = store
+        self._clock = clock
+        self._events = events
+        self._new_id = new_id
+        self._tasks = tasks
         self._handler = handler
         self._admission = admission
         self._timers = timers
         self._notices = notices
         self._on_roster_change = on_roster_change
         self.grace_ms = max(0, grace_ms)
-        self._repo = ScheduledCleanupRepository(term.db)
-        self._bindings = BindingRepository(term.db)
-        self._outbox = OutboxRepository(term.db)
+        self._repo = store.scheduled_cleanups
+        self._bindings = store.bindings
+        self._outbox = store.outbox
         self._waiting_for_output: set[str] = set()  # logged once per cleanup held back by output
 
     async def depart(self, follower: FollowerRecord, authority: Authority, *, reason: str,
@@ -206,36 +216,36 @@ class ScheduledCleanups:
             return
         if not follower.registration_generation:
             raise CleanupUnconfirmed("Follower cleanup requires an exact registration generation.")
-        if self.grace_ms == 0 and await self._outbox.pending_in(target.chat_id, target.thread_id) == 0:
+        if self.grace_ms == 0 and await self._outbox.pending_in(target) == 0:
             await self._handler.cleanup(follower, authority, reason=reason)
             return
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         scheduled = ScheduledCleanup(
             binding_key=follower.binding_key, instance_id=follower.instance_id,
             registration_generation=follower.registration_generation, chat_id=target.chat_id,
             thread_id=target.thread_id, reason=reason, requested_at_ms=now, due_at_ms=now + self.grace_ms)
-        async with self._term.unit_of_work(authority) as uow:
-            owner = await BindingRepository.owner_tx(uow, follower.binding_key)
+        async with self._store.unit_of_work(authority) as uow:
+            owner = await uow.bindings.owner(follower.binding_key)
             if owner is not None:
                 if (owner.instance_id, owner.registration_generation) != (
                         follower.instance_id, follower.registration_generation):
                     return  # a newer registration holds the workspace: its topic stays
-                await BindingRepository.detach_owner_tx(uow, owner)
-            await BindingRepository.mark_inactive_tx(uow, follower.binding_key, now)
-            await ScheduledCleanupRepository.put_tx(uow, scheduled)
+                await uow.bindings.detach_owner(owner)
+            await uow.bindings.mark_inactive(follower.binding_key, now)
+            await uow.scheduled_cleanups.put(scheduled)
         if notice is not None and self.grace_ms > 0:  # with no grace the topic is about to go: no notice
             await self._notices.post(follower.binding_key, notice, authority=authority)
-        self._term.events.record("Topic kept for its grace period", phase="cleanup-scheduled",
+        self._events.record("Topic kept for its grace period", phase="cleanup-scheduled",
                                  instanceId=follower.instance_id, chatId=target.chat_id, threadId=target.thread_id,
                                  graceS=self.grace_ms / 1000, reason=reason)
         self._arm(scheduled.binding_key, self.grace_ms / 1000)
 
     def resume(self) -> None:
         """At the start of a term: arm every scheduled cleanup of earlier terms (due ones at once)."""
-        self._term.spawn(self._resume())
+        self._tasks.spawn(self._resume())
 
     async def _resume(self) -> None:
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         for scheduled in await self._repo.all():
             self._arm(scheduled.binding_key, max(0, scheduled.due_at_ms - now) / 1000)
 
@@ -246,7 +256,7 @@ class ScheduledCleanups:
         """Run every cleanup whose time is up (the timers call this; so may a test with its own
         clock). Returns how many topics were deleted."""
         deleted = 0
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         for scheduled in await self._repo.all():
             if scheduled.due_at_ms <= now:
                 deleted += await self._run(scheduled.binding_key)
@@ -264,7 +274,7 @@ class ScheduledCleanups:
             try:
                 await self._run(binding_key)
             except Exception as exc:  # noqa: BLE001 - a timer callback must not raise into the job queue
-                self._term.events.record(exc, phase="cleanup-scheduled", level="ERROR", bindingKey=binding_key)
+                self._events.record(exc, phase="cleanup-scheduled", level="ERROR", bindingKey=binding_key)
                 self._arm(binding_key, DRAIN_RECHECK_S * 10)
 
         self._timers.once(f"topicbus.cleanup:{binding_key}", delay_s, fire)
@@ -273,7 +283,7 @@ class ScheduledCleanups:
         authority = self._term.current()
         if authority is None:
             return 0  # this term is over; the next leader resumes the schedule
-        deleted = await self._admission.run(self._term.new_id(), "workspace.cleanup-after-grace", [PROFILE],
+        deleted = await self._admission.run(self._new_id(), "workspace.cleanup-after-grace", [PROFILE],
                                             lambda: self._due(binding_key, authority, now=now))
         if deleted:
             self._on_roster_change()
@@ -283,48 +293,49 @@ class ScheduledCleanups:
         scheduled = await self._repo.get(binding_key)
         if scheduled is None:
             return 0
-        if not now and scheduled.due_at_ms > self._term.now_ms():
+        if not now and scheduled.due_at_ms > self._clock.now_ms():
             # Re-scheduled by a later departure (or the timer fired early): wait for the rest.
-            self._arm(binding_key, (scheduled.due_at_ms - self._term.now_ms()) / 1000)
+            self._arm(binding_key, (scheduled.due_at_ms - self._clock.now_ms()) / 1000)
             return 0
         binding = await self._bindings.get(binding_key)
         owner = await self._bindings.owner(binding_key)
         if (binding is None or owner is not None or binding.thread_id != scheduled.thread_id
                 or binding.topic_state == "deleted"):
             # The workspace came back (same topic, kept), or rotation retired the topic earlier.
-            async with self._term.unit_of_work(authority) as uow:
-                await ScheduledCleanupRepository.remove_tx(uow, binding_key)
+            async with self._store.unit_of_work(authority) as uow:
+                await uow.scheduled_cleanups.remove(binding_key)
             self._waiting_for_output.discard(binding_key)
-            self._term.events.record("Scheduled cleanup dropped: the topic is in use again or already gone",
+            self._events.record("Scheduled cleanup dropped: the topic is in use again or already gone",
                                      phase="cleanup-kept", chatId=scheduled.chat_id, threadId=scheduled.thread_id)
             return 0
-        pending = await self._outbox.pending_in(scheduled.chat_id, scheduled.thread_id)
+        pending = await self._outbox.pending_in(scheduled.target)
         if pending:
             if binding_key not in self._waiting_for_output:
                 self._waiting_for_output.add(binding_key)
-                self._term.events.record("Cleanup waits until the topic's output went out", phase="cleanup-drain",
+                self._events.record("Cleanup waits until the topic's output went out", phase="cleanup-drain",
                                          chatId=scheduled.chat_id, threadId=scheduled.thread_id, pending=pending)
             self._arm(binding_key, DRAIN_RECHECK_S)
             return 0
         self._waiting_for_output.discard(binding_key)
         intent = scheduled.intent()
-        async with self._term.unit_of_work(authority) as uow:
-            await CleanupRepository.upsert_tx(uow, intent)  # durable intent before any Telegram call
-            await ScheduledCleanupRepository.remove_tx(uow, binding_key)
+        async with self._store.unit_of_work(authority) as uow:
+            await uow.cleanups.upsert(intent)  # durable intent before any Telegram call
+            await uow.scheduled_cleanups.remove(binding_key)
         try:
             return int(await self._handler.apply(intent, authority))
         except CleanupUnconfirmed as exc:
-            self._term.events.record(exc, phase="cleanup-scheduled", level="WARNING", intentId=intent.id)
+            self._events.record(exc, phase="cleanup-scheduled", level="WARNING", intentId=intent.id)
             return 0
 
 
 class Departures:
     """When a follower is gone for good: admission, then its mutation queue, then the departure."""
 
-    def __init__(self, term: LeaderTerm, roster: Roster, preferences: Preferences, admission: AdmissionLedger,
+    def __init__(self, term: LeaderTerm, roster: Roster, preferences: Preferences, admission: Admission,
                  mutations: FollowerMutationQueue, handler: DepartureHandler, scheduled: ScheduledCleanups,
-                 on_roster_change: Callable[[], None]):
+                 on_roster_change: Callable[[], None], *, new_id: Callable[[], str] = new_operation_id):
         self._term = term
+        self._new_id = new_id
         self.scheduled = scheduled
         self._roster = roster
         self._preferences = preferences
@@ -362,7 +373,7 @@ class Departures:
                 self._roster.drop(current.instance_id)
                 self._on_roster_change()
 
-        await self._admitted(self._term.new_id(), "workspace.disconnect-follower", record, op)
+        await self._admitted(self._new_id(), "workspace.disconnect-follower", record, op)
 
     async def confirmed_dead(self, record: FollowerRecord, is_detached: Callable[[], bool]) -> None:
         """The pruner proved the process dead on a fresh attempt with cleanup on: ``⏹ process ended``
@@ -374,7 +385,7 @@ class Departures:
                 await self.scheduled.depart(record, authority, reason="confirmed-dead", notice=PROCESS_ENDED)
 
         try:
-            await self._admitted(self._term.new_id(), "workspace.cleanup-dead-follower", record, op)
+            await self._admitted(self._new_id(), "workspace.cleanup-dead-follower", record, op)
         finally:
             self._roster.forget_connection(record.instance_id)
         self._on_roster_change()
@@ -404,7 +415,7 @@ class Departures:
         """Operator proof that the follower is gone (``/forget``); True when its topic was deleted
         (at once: the operator asked), False when it was kept and detached."""
         authority = self._term.authority()
-        deleted = await self._admitted(self._term.new_id(), "workspace.forget-follower", record,
+        deleted = await self._admitted(self._new_id(), "workspace.forget-follower", record,
                                        lambda: self._depart(record, authority, "operator-forget", grace=False))
         self._on_roster_change()
         return deleted

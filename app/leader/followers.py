@@ -9,17 +9,17 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 
 from topicbus import __version__
-from topicbus.bot.gateway import FileStream
 from topicbus.core.records import HeartbeatResult, RegistrationResult, SendResult
-from topicbus.leader.delivery import FollowerConnection
+from topicbus.logsetup import EventJournal
+from topicbus.ports.telegram import FileDownload
+from topicbus.ports.bus import FollowerConnection
 from topicbus.leader.departure import CleanupUnconfirmed, Departures
 from topicbus.leader.registration import Registrations
 from topicbus.leader.roster import Roster
 from topicbus.leader.routing import Router
-from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import ErrorCode, FollowerRequest, ProtocolError, Registration, SendRequest
-from topicbus.storage.admission import AdmissionBlocked
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.admission import AdmissionBlocked
+from topicbus.core.authority import AuthorityLost
 
 LEADER_BUILD = f"topicbus/{__version__}"
 
@@ -27,9 +27,9 @@ LEADER_BUILD = f"topicbus/{__version__}"
 class FollowerDesk:
     leader_build = LEADER_BUILD
 
-    def __init__(self, *, term: LeaderTerm, roster: Roster, registrations: Registrations, departures: Departures,
-                 router: Router):
-        self._term = term
+    def __init__(self, *, roster: Roster, registrations: Registrations, departures: Departures,
+                 router: Router, events: EventJournal):
+        self._events = events
         self._roster = roster
         self._registrations = registrations
         self._departures = departures
@@ -50,7 +50,7 @@ class FollowerDesk:
         try:
             await self._departures.disconnect(entry, lambda: self._registrations.registered(req))
         except CleanupUnconfirmed as exc:
-            self._term.events.record(exc, phase="follower-disconnect", level="WARNING", instanceId=entry.instance_id)
+            self._events.record(exc, phase="follower-disconnect", level="WARNING", instanceId=entry.instance_id)
             raise ProtocolError(ErrorCode.TELEGRAM_ERROR, str(exc)) from None
         except AdmissionBlocked as exc:
             raise ProtocolError(ErrorCode.BLOCKED_BY_RETIREMENT, str(exc)) from None
@@ -66,5 +66,5 @@ class FollowerDesk:
     def connection_closed(self, connection: FollowerConnection) -> None:
         self._roster.connection_closed(connection)
 
-    def open_document(self, file_id: str) -> AbstractAsyncContextManager[FileStream | None]:
+    def open_document(self, file_id: str) -> AbstractAsyncContextManager[FileDownload | None]:
         return self._router.open_document(file_id)

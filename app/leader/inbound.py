@@ -40,12 +40,13 @@ from typing import Any, Final
 
 from loguru import logger
 
+from topicbus.ports.store import Journal
 from topicbus.core.clock import Clock
 from topicbus.core.records import ButtonItem, EditItem, FileRef, InboundItem, MediaItem, MessageItem
 from topicbus.metadata import clean_metadata
 from topicbus.protocol import CAP_TRANSCRIPT, Capabilities
-from topicbus.storage.db import Authority
-from topicbus.storage.journal import JournalItem, JournalRepository
+from topicbus.core.authority import Authority
+from topicbus.core.journal import JournalItem
 
 BOT_DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile: bots may download files up to 20 MB
 HOLD: Final = object()  # InboundScreen: stop here, this row is not ready (an album still gathering)
@@ -94,7 +95,7 @@ def combine_album(parts: Sequence[InboundItem]) -> InboundItem:
     """One ``media`` item from the parts of an album, in the order they were journaled: every
     file, the caption (Telegram puts it on one part), and the first part's message id and sender.
     At most :data:`~topicbus.protocol.MAX_MEDIA_FILES` parts: a longer album is sealed as several
-    items (``JournalRepository.seal_group``), so no part is ever left out."""
+    items (``Journal.seal_group``), so no part is ever left out."""
     media = [p for p in parts if isinstance(p, MediaItem)]
     if not media:
         return parts[0]  # no part carries files (cannot happen for an album): the first, as it is
@@ -182,7 +183,7 @@ class InboundScreen:
     whatever process registers next): they are settled ``expired`` here, and :attr:`expired` is
     set so that the topic is told at once (``agent_commands.OfflineQueue``)."""
 
-    def __init__(self, journal: JournalRepository, clock: Clock, authority: Callable[[], Authority], *,
+    def __init__(self, journal: Journal, clock: Clock, authority: Callable[[], Authority], *,
                  offline_ttl_ms: int | None = None):
         self._journal = journal
         self._clock = clock

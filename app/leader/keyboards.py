@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from topicbus.bot.gateway import InlineKeys
 from topicbus.core.records import Button
+from topicbus.core.target import Target
+from topicbus.ports.store import Store
+from topicbus.core.clock import Clock
+from topicbus.core.telegram import InlineKeys
 from topicbus.core.registry import FollowerRecord, FollowerRegistry
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import CAP_BUTTON, CAP_CONTROL
-from topicbus.storage.keyboards import CHOICE, INTERRUPT, Keyboard, KeyboardRepository
-from topicbus.storage.outbox import OutboxRepository
+from topicbus.core.keyboards import CHOICE, INTERRUPT, Keyboard
 
 INTERRUPT_LABEL = "✋ Interrupt"
 INTERRUPT_DATA = "interrupt"
@@ -59,23 +61,24 @@ def keys(keyboard: Keyboard) -> InlineKeys:
 class Keyboards:
     """Makes and remembers the keyboards the outbound scheduler puts under messages."""
 
-    def __init__(self, term: LeaderTerm, registry: FollowerRegistry):
+    def __init__(self, term: LeaderTerm, registry: FollowerRegistry, *, store: Store, clock: Clock):
         self._term = term
+        self._clock = clock
         self._registry = registry
-        self.repo = KeyboardRepository(term.db)
-        self._outbox = OutboxRepository(term.db)
+        self.repo = store.keyboards
+        self._outbox = store.outbox
 
-    async def for_message(self, chat_id: int, thread_id: int | None, *, head_id: int, last_id: int,
+    async def for_message(self, target: Target, *, head_id: int, last_id: int,
                           buttons: tuple[tuple[Button, ...], ...], printing: bool) -> Keyboard | None:
         """The keyboard of a new output message: the follower's ``buttons`` of its ``head_id`` row,
         else, when ``printing``, the Interrupt button of the process that printed ``last_id``."""
         if buttons:
-            return await self._choice(chat_id, thread_id, head_id, buttons)
+            return await self._choice(target, head_id, buttons)
         if printing:
-            return await self.interrupt(chat_id, thread_id, last_id)
+            return await self.interrupt(target, last_id)
         return None
 
-    async def _choice(self, chat_id: int, thread_id: int | None, outbox_id: int,
+    async def _choice(self, target: Target, outbox_id: int,
                       buttons: tuple[tuple[Button, ...], ...]) -> Keyboard | None:
         origin = await self._outbox.origin(outbox_id)
         if origin is None:
@@ -88,10 +91,10 @@ class Keyboards:
         return await self.repo.make(kind=CHOICE, outbox_id=outbox_id, binding_key=binding_key,
                                     instance_id=instance_id,
                                     generation=record.registration_generation if record is not None else "",
-                                    takes_presses=takes, chat_id=chat_id, thread_id=thread_id, buttons=buttons,
-                                    now_ms=self._term.now_ms(), authority=self._term.authority())
+                                    takes_presses=takes, chat_id=target.chat_id, thread_id=target.thread_id,
+                                    buttons=buttons, now_ms=self._clock.now_ms(), authority=self._term.authority())
 
-    async def interrupt(self, chat_id: int, thread_id: int | None, outbox_id: int) -> Keyboard | None:
+    async def interrupt(self, target: Target, outbox_id: int) -> Keyboard | None:
         """The Interrupt button for output row ``outbox_id``, if the process that printed it is
         registered now and takes controls; else None."""
         origin = await self._outbox.origin(outbox_id)
@@ -102,9 +105,9 @@ class Keyboards:
             return None
         return await self.repo.make(kind=INTERRUPT, outbox_id=outbox_id, binding_key=origin[0],
                                     instance_id=record.instance_id, generation=record.registration_generation,
-                                    takes_presses=None, chat_id=chat_id, thread_id=thread_id,
+                                    takes_presses=None, chat_id=target.chat_id, thread_id=target.thread_id,
                                     buttons=((Button(INTERRUPT_LABEL, INTERRUPT_DATA),),),
-                                    now_ms=self._term.now_ms(), authority=self._term.authority())
+                                    now_ms=self._clock.now_ms(), authority=self._term.authority())
 
     def still_interruptible(self, keyboard: Keyboard) -> bool:
         """Whether the registration an Interrupt button belongs to is still the registered one."""

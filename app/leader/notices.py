@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from topicbus.ports.store import Store, UnitOfWork
+from topicbus.core.clock import Clock
+from topicbus.core.target import Target
 from topicbus.core.budget import Priority
 from topicbus.core.formatting import utf16_len
 from topicbus.core.records import Notice
-from topicbus.leader.term import LeaderTerm
+from topicbus.leader.term import LeaderTerm, new_operation_id
 from topicbus.leader.topics import ControlTopic
-from topicbus.storage.bindings import Binding, BindingRepository
-from topicbus.storage.db import Authority, UnitOfWork
-from topicbus.storage.outbox import OutboxRepository
-from topicbus.storage.runtime_settings import WELCOMED, RuntimeSettingsRepository
+from topicbus.core.bindings import Binding
+from topicbus.core.authority import Authority
+from topicbus.core.runtime_settings import WELCOMED
 
 LEADER_INSTANCE = "leader"  # the outbox's instance id for everything the leader itself posts
 WELCOME_REQUEST_ID = "welcome"  # one per database: the outbox keeps (instance, request) unique
@@ -50,15 +52,18 @@ def restart_text(epoch: int) -> str:
 
 
 class Notices:
-    def __init__(self, term: LeaderTerm, control: ControlTopic, wake_outbound: Callable[[int, int | None], None]):
+    def __init__(self, term: LeaderTerm, control: ControlTopic, wake_outbound: Callable[[Target], None], *,
+                 store: Store, clock: Clock, new_id: Callable[[], str] = new_operation_id):
         self._term = term
+        self._clock = clock
+        self._new_id = new_id
         self._control = control
         self._wake = wake_outbound
-        self._bindings = BindingRepository(term.db)
-        self._outbox = OutboxRepository(term.db)
-        self._settings = RuntimeSettingsRepository(term.db)
-        self._hinted: dict[tuple[int, int | None], int] = {}  # place → when the last hint was posted
-        self._agent_topics: set[tuple[int, int]] = set()  # thread ids are never reused: hits stay true
+        self._bindings = store.bindings
+        self._outbox = store.outbox
+        self._settings = store.settings
+        self._hinted: dict[Target, int] = {}  # place → when the last hint was posted
+        self._agent_topics: set[Target] = set()  # thread ids are never reused: hits stay true
 
     async def post(self, binding_key: str, text: str, *, authority: Authority | None = None,
                    fmt: str | None = None) -> bool:
@@ -77,15 +82,15 @@ class Notices:
         ``request_id``. Call :meth:`wake` for the binding once the unit of work committed."""
         if not binding.has_live_topic:
             return False
-        await OutboxRepository.enqueue_tx(uow, binding_key=binding.binding_key, chat_id=binding.chat_id,
-                                          thread_id=binding.thread_id, instance_id=LEADER_INSTANCE,
-                                          request_id=request_id, item=Notice(text[:4096], reply_to),
-                                          now_ms=self._term.now_ms(), priority=Priority.CONTROL,
-                                          units=utf16_len(text[:4096]))
+        await uow.outbox.enqueue(binding_key=binding.binding_key, chat_id=binding.chat_id,
+                                 thread_id=binding.thread_id, instance_id=LEADER_INSTANCE,
+                                 request_id=request_id, item=Notice(text[:4096], reply_to),
+                                 now_ms=self._clock.now_ms(), priority=Priority.CONTROL,
+                                 units=utf16_len(text[:4096]))
         return True
 
     def wake(self, binding: Binding) -> None:
-        self._wake(binding.chat_id, binding.thread_id)
+        self._wake(binding.target)
 
     async def answer(self, text: str, *, fmt: str | None = None) -> None:
         """An answer in the control topic (the leader's own binding)."""
@@ -93,13 +98,14 @@ class Notices:
             return
         await self.post(self._control.binding_key, text, fmt=fmt)
 
-    async def hint_outside(self, chat_id: int, thread_id: int | None) -> bool:
+    async def hint_outside(self, place: Target) -> bool:
         """An owner wrote outside the agent topics: in General (``thread_id`` None) or in a topic
         that is neither an agent's nor the control topic. One short hint there, at most once per
         ``HINT_INTERVAL_MS`` per place; True when one was posted."""
-        if thread_id is not None and await self._is_leader_topic(chat_id, thread_id):
+        chat_id, thread_id = place.chat_id, place.thread_id
+        if thread_id is not None and await self._is_leader_topic(place):
             return False
-        place, now = (chat_id, thread_id), self._term.now_ms()
+        now = self._clock.now_ms()
         last = self._hinted.get(place)
         if last is not None and now - last < HINT_INTERVAL_MS:
             return False
@@ -110,15 +116,15 @@ class Notices:
                             GENERAL_HINT if thread_id is None else TOPIC_HINT, None)
         return True
 
-    async def _is_leader_topic(self, chat_id: int, thread_id: int) -> bool:
+    async def _is_leader_topic(self, topic: Target) -> bool:
         """The control topic, or a topic a binding holds (an agent's, online or not)."""
-        if thread_id == self._control.thread_id or (chat_id, thread_id) in self._agent_topics:
+        if topic.thread_id == self._control.thread_id or topic in self._agent_topics:
             return True
-        if await self._bindings.by_target(chat_id, thread_id) is None:
+        if await self._bindings.by_target(topic) is None:
             return False
         if len(self._agent_topics) >= HINT_MEMORY_LIMIT:
             self._agent_topics.clear()
-        self._agent_topics.add((chat_id, thread_id))
+        self._agent_topics.add(topic)
         return True
 
     async def welcome(self, text: str) -> bool:
@@ -135,17 +141,17 @@ class Notices:
         authority = self._term.authority()
         await self._enqueue(binding.binding_key, binding.chat_id, binding.thread_id, text, authority,
                             request_id=WELCOME_REQUEST_ID)
-        await self._settings.set(WELCOMED, "posted", self._term.now_ms(), authority)
+        await self._settings.set(WELCOMED, "posted", self._clock.now_ms(), authority)
         return True
 
     async def _enqueue(self, binding_key: str, chat_id: int, thread_id: int | None, text: str,
                        authority: Authority | None, fmt: str | None = None, *,
                        request_id: str | None = None) -> None:
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         await self._outbox.enqueue(binding_key=binding_key, chat_id=chat_id, thread_id=thread_id,
                                    instance_id=LEADER_INSTANCE,
-                                   request_id=request_id or f"notice:{self._term.new_id()}",
+                                   request_id=request_id or f"notice:{self._new_id()}",
                                    item=Notice(text[:4096]), now_ms=now,
                                    authority=authority or self._term.authority(), priority=Priority.CONTROL,
                                    units=utf16_len(text[:4096]), fmt=fmt)
-        self._wake(chat_id, thread_id)
+        self._wake(Target(chat_id, thread_id))

@@ -38,17 +38,21 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
+from topicbus.core.clock import Clock
+from topicbus.ports.store import Store
+from topicbus.logsetup import EventJournal
+from topicbus.core.telegram import CallOutcome, CallResult
+from topicbus.ports.telegram import Telegram
 from topicbus.core.budget import BudgetConfig, ChatBudget, Priority
 from topicbus.core.formatting import Rendered
 from topicbus.core.output import EditScreen, Idle, OutputConfig, Ping, Single, Unbutton, Wait, plan
 from topicbus.core.press_answers import PressAnswerConfig, scheduler_share
 from topicbus.core.records import ChatActionMessage
 from topicbus.core.status import BudgetStatus
+from topicbus.core.target import Target
 from topicbus.leader.keyboards import Keyboards
-from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicKey, TopicOutput
+from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicOutput
 from topicbus.leader.term import LeaderTerm
-from topicbus.storage.outbox import OutboxRepository
 
 CALL_DEADLINE_S = 60.0
 WAKE_DEBOUNCE_S = 0.02
@@ -80,7 +84,7 @@ class OutboundOptions:
 @dataclass
 class _Call:
     priority: Priority
-    key: TopicKey
+    key: Target
     spends: bool
     fn: Callable[[], Awaitable[CallResult]]
     future: asyncio.Future[CallResult]
@@ -90,27 +94,28 @@ class _Call:
 
 
 class OutboundScheduler:
-    def __init__(self, term: LeaderTerm, gateway: TelegramGateway, options: OutboundOptions,
-                 on_topic_gone: Callable[[int, int], Awaitable[object]] | None = None,
-                 keyboards: Keyboards | None = None):
-        self._term = term
-        self._repo = OutboxRepository(term.db)
+    def __init__(self, term: LeaderTerm, gateway: Telegram, options: OutboundOptions,
+                 on_topic_gone: Callable[[Target], Awaitable[object]] | None = None,
+                 keyboards: Keyboards | None = None, *, store: Store, clock: Clock, events: EventJournal):
+        self._events = events
+        self._repo = store.outbox
         self.options = options
         self.budget = ChatBudget(options.scheduler_budget())
         self._output = options.output
         self._sender = OutputSender(term, gateway, self._output_call, options.output, wake=self.wake,
-                                    on_topic_gone=on_topic_gone, keyboards=keyboards)
+                                    on_topic_gone=on_topic_gone, keyboards=keyboards, store=store, clock=clock,
+                                    events=events)
         self.stats = self._sender.stats
-        self._topics: dict[TopicKey, TopicOutput] = {}
+        self._topics: dict[Target, TopicOutput] = {}
         self._calls: deque[_Call] = deque()
-        self._dirty: set[TopicKey] = set()
+        self._dirty: set[Target] = set()
         self._rescan = True
         self._wake = asyncio.Event()
         self._call_waiting = asyncio.Event()  # ends the output debounce: a call never waits for it
         self._task: asyncio.Task[None] | None = None
         self._calling: asyncio.Task[None] | None = None  # the one Telegram call on the wire
-        self._steps: dict[TopicKey, asyncio.Task[None]] = {}  # the steps in progress, one per topic at most
-        self._spending_since: dict[TopicKey, float] = {}  # when each spending step in progress began
+        self._steps: dict[Target, asyncio.Task[None]] = {}  # the steps in progress, one per topic at most
+        self._spending_since: dict[Target, float] = {}  # when each spending step in progress began
         self._hurry = False  # a call or a step ended: plan again without the debounce
         self._served = itertools.count(1)
         self._seq = itertools.count()
@@ -131,30 +136,30 @@ class OutboundScheduler:
         while self._calls:
             call = self._calls.popleft()
             if not call.future.done():
-                call.future.set_result(CallResult(Outcome.AMBIGUOUS, "leader stopping"))
+                call.future.set_result(CallResult(CallOutcome.AMBIGUOUS, "leader stopping"))
 
-    def wake(self, chat_id: int | None = None, thread_id: int | None = None) -> None:
-        """The outbox changed (for one topic, or for any when no chat is given)."""
-        if chat_id is None:
+    def wake(self, topic: Target | None = None) -> None:
+        """The outbox changed (for one topic, or for any when no topic is given)."""
+        if topic is None:
             self._rescan = True
         else:
-            self._dirty.add((chat_id, thread_id))
+            self._dirty.add(topic)
         self._wake.set()
 
     # --- other calls --------------------------------------------------------------------------------
-    async def call(self, priority: Priority, chat_id: int, thread_id: int | None,
+    async def call(self, priority: Priority, target: Target,
                    fn: Callable[[], Awaitable[CallResult]], *, spends: bool = True,
                    deadline_s: float = CALL_DEADLINE_S) -> CallResult:
         """Run one Bot API call when the budget allows it. ``RetryAfter`` is retried (the call did not
         happen) until ``deadline_s``; a BACKGROUND call is skipped while the budget is under pressure."""
         future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self._calls.append(_Call(priority, (chat_id, thread_id), spends, fn, future,
+        self._calls.append(_Call(priority, target, spends, fn, future,
                                  time.monotonic() + deadline_s, next(self._seq)))
         self._wake.set()
         self._call_waiting.set()
         return await future
 
-    async def _output_call(self, priority: Priority, key: TopicKey, spends: bool,
+    async def _output_call(self, priority: Priority, key: Target, spends: bool,
                            fn: Callable[[], Awaitable[CallResult]]) -> CallResult:
         """A call of an output step, on the wire in its turn; its outcome goes back to the step."""
         future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
@@ -163,19 +168,19 @@ class OutboundScheduler:
         return await future
 
     # --- views --------------------------------------------------------------------------------------
-    def owner_spoke(self, chat_id: int, thread_id: int | None) -> None:
+    def owner_spoke(self, target: Target) -> None:
         """An owner's message in this topic: see :meth:`TopicTurn.owner_spoke` (in memory, instant)."""
-        topic = self._topics.get((chat_id, thread_id))
+        topic = self._topics.get(target)
         if topic is not None:
             topic.turn.owner_spoke()
             self._wake.set()  # plan again; the outbox did not change, so nothing is read again
 
-    def stream_ends(self, chat_id: int, thread_id: int | None) -> None:
+    def stream_ends(self, target: Target) -> None:
         """The topic's follower left gracefully: see :meth:`TopicTurn.follower_left`."""
-        self._topics.setdefault((chat_id, thread_id), TopicOutput()).turn.follower_left()
-        self.wake(chat_id, thread_id)
+        self._topics.setdefault(target, TopicOutput()).turn.follower_left()
+        self.wake(target)
 
-    def backlog(self) -> dict[TopicKey, tuple[int, int]]:
+    def backlog(self) -> dict[Target, tuple[int, int]]:
         """(items, UTF-16 units) waiting per topic, as last read."""
         return {key: (t.items, t.units) for key, t in self._topics.items() if t.items}
 
@@ -228,7 +233,7 @@ class OutboundScheduler:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the scheduler must outlive any one failure
-                self._term.events.record(exc, phase="outbound-scheduler", level="ERROR")
+                self._events.record(exc, phase="outbound-scheduler", level="ERROR")
                 next_at = time.monotonic() + 1.0
             timeout = None if next_at == float("inf") else max(0.0, next_at - time.monotonic())
             try:
@@ -257,7 +262,7 @@ class OutboundScheduler:
     async def _refresh(self) -> None:
         if self._rescan:
             self._rescan = False
-            backlog = {(b.chat_id, b.thread_id): b for b in await self._repo.topics()}
+            backlog = {Target(b.chat_id, b.thread_id): b for b in await self._repo.topics()}
             for key in backlog.keys() | self._topics.keys():
                 self._dirty.add(key)
         # A topic with a step in progress is read once that step ended (it cannot be chosen before).
@@ -265,15 +270,15 @@ class OutboundScheduler:
         self._dirty -= dirty
         for key in dirty:
             topic = self._topics.setdefault(key, TopicOutput())
-            topic.heads = self._sender.stamped(await self._repo.heads(key[0], key[1], HEADS))
+            topic.heads = self._sender.stamped(await self._repo.heads(key, HEADS))
             if len(topic.heads) < HEADS:
                 topic.items, topic.units = len(topic.heads), sum(i.units for i in topic.heads)
             else:
                 topic.items, topic.units = await self._count(key)
 
-    async def _count(self, key: TopicKey) -> tuple[int, int]:
+    async def _count(self, key: Target) -> tuple[int, int]:
         for backlog in await self._repo.topics():
-            if (backlog.chat_id, backlog.thread_id) == key:
+            if Target(backlog.chat_id, backlog.thread_id) == key:
                 return backlog.items, backlog.units
         return 0, 0
 
@@ -284,7 +289,7 @@ class OutboundScheduler:
         for call in list(self._calls):
             if call.priority is Priority.BACKGROUND and pressure:
                 self._calls.remove(call)
-                call.future.set_result(CallResult(Outcome.REJECTED, SKIPPED))
+                call.future.set_result(CallResult(CallOutcome.REJECTED, SKIPPED))
                 continue
             if self._calling is not None:
                 continue  # one call on the wire at a time; the loop is woken when it ends
@@ -323,7 +328,7 @@ class OutboundScheduler:
                 best = (rank, (key, topic, step))
         return (None if best is None else best[1]), next_at
 
-    def _topic_served(self, key: TopicKey) -> int:
+    def _topic_served(self, key: Target) -> int:
         topic = self._topics.get(key)
         return topic.served if topic is not None else 0
 
@@ -350,13 +355,13 @@ class OutboundScheduler:
             self._spending_since[key] = now
         self._steps[key] = asyncio.create_task(self._step(key, topic, step, now), name="outbound-step")
 
-    async def _step(self, key: TopicKey, topic: TopicOutput, step: Step, now: float) -> None:
+    async def _step(self, key: Target, topic: TopicOutput, step: Step, now: float) -> None:
         try:
             await self._sender.execute(key, topic, step, now)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the scheduler must outlive any one failure
-            self._term.events.record(exc, phase="outbound-scheduler", level="ERROR")
+            self._events.record(exc, phase="outbound-scheduler", level="ERROR")
             topic.paused_until = max(topic.paused_until, time.monotonic() + 1.0)
         finally:
             self._steps.pop(key, None)
@@ -372,16 +377,16 @@ class OutboundScheduler:
             result = await call.fn()
         except asyncio.CancelledError:
             if not call.future.done():
-                call.future.set_result(CallResult(Outcome.AMBIGUOUS, "leader stopping"))
+                call.future.set_result(CallResult(CallOutcome.AMBIGUOUS, "leader stopping"))
             raise
         except Exception as exc:  # noqa: BLE001 - a gateway never raises; this is a bug guard
-            result = CallResult(Outcome.AMBIGUOUS, type(exc).__name__)
+            result = CallResult(CallOutcome.AMBIGUOUS, type(exc).__name__)
         finally:
             self.budget.record(time.monotonic(), spends=call.spends, priority=call.priority)
             self._calling = None
             self._hurry = True
             self._wake.set()
-        if result.outcome is Outcome.RETRY_AFTER:
+        if result.outcome is CallOutcome.RETRY_AFTER:
             self.budget.pause(time.monotonic(), result.retry_after_s)  # before any other call goes
             if not call.output and time.monotonic() + result.retry_after_s < call.deadline:
                 self._calls.appendleft(call)
@@ -394,51 +399,45 @@ class ScheduledGateway:
     """The gateway's topic and probe calls, each through the scheduler with its priority: topic
     creation for a waiting follower is an answer, cleanup goes with output, titles come last."""
 
-    def __init__(self, gateway: TelegramGateway, scheduler: OutboundScheduler):
+    def __init__(self, gateway: Telegram, scheduler: OutboundScheduler):
         self._gateway = gateway
         self._scheduler = scheduler
 
     async def create_topic(self, chat_id: int, name: str, icon_color: int | None = None) -> CallResult:
-        return await self._scheduler.call(Priority.ANSWER, chat_id, None,
+        return await self._scheduler.call(Priority.ANSWER, Target(chat_id),
                                           lambda: self._gateway.create_topic(chat_id, name, icon_color))
 
-    async def edit_topic(self, chat_id: int, thread_id: int, name: str) -> CallResult:
-        return await self._scheduler.call(Priority.TITLE, chat_id, thread_id,
-                                          lambda: self._gateway.edit_topic(chat_id, thread_id, name))
+    async def edit_topic(self, topic: Target, name: str) -> CallResult:
+        return await self._scheduler.call(Priority.TITLE, topic, lambda: self._gateway.edit_topic(topic, name))
 
-    async def close_topic(self, chat_id: int, thread_id: int) -> CallResult:
-        return await self._scheduler.call(Priority.OUTPUT, chat_id, thread_id,
-                                          lambda: self._gateway.close_topic(chat_id, thread_id))
+    async def close_topic(self, topic: Target) -> CallResult:
+        return await self._scheduler.call(Priority.OUTPUT, topic, lambda: self._gateway.close_topic(topic))
 
-    async def reopen_topic(self, chat_id: int, thread_id: int) -> CallResult:
-        return await self._scheduler.call(Priority.ANSWER, chat_id, thread_id,
-                                          lambda: self._gateway.reopen_topic(chat_id, thread_id))
+    async def reopen_topic(self, topic: Target) -> CallResult:
+        return await self._scheduler.call(Priority.ANSWER, topic, lambda: self._gateway.reopen_topic(topic))
 
-    async def delete_topic(self, chat_id: int, thread_id: int) -> CallResult:
-        return await self._scheduler.call(Priority.OUTPUT, chat_id, thread_id,
-                                          lambda: self._gateway.delete_topic(chat_id, thread_id))
+    async def delete_topic(self, topic: Target) -> CallResult:
+        return await self._scheduler.call(Priority.OUTPUT, topic, lambda: self._gateway.delete_topic(topic))
 
-    async def send_chat_action(self, chat_id: int, thread_id: int | None, action: str) -> CallResult:
-        return await self._scheduler.call(Priority.OUTPUT, chat_id, thread_id,
-                                          lambda: self._gateway.send_chat_action(chat_id, thread_id, action),
-                                          spends=False)
+    async def send_chat_action(self, target: Target, action: str) -> CallResult:
+        return await self._scheduler.call(Priority.OUTPUT, target,
+                                          lambda: self._gateway.send_chat_action(target, action), spends=False)
 
-    async def show_choice(self, chat_id: int, thread_id: int | None, message_id: int,
-                          message: Rendered | None) -> CallResult:
+    async def show_choice(self, target: Target, message_id: int, message: Rendered | None) -> CallResult:
         """Edit a message whose button was pressed: its text with the choice under it (``message``),
         and no keyboard; with None, only the keyboard is removed. An edit: it spends the allowance."""
         if message is None:
-            return await self._scheduler.call(Priority.ANSWER, chat_id, thread_id,
-                                              lambda: self._gateway.edit_buttons(chat_id, message_id, None))
-        return await self._scheduler.call(Priority.ANSWER, chat_id, thread_id,
-                                          lambda: self._gateway.edit_message(chat_id, message_id, message))
+            return await self._scheduler.call(Priority.ANSWER, target,
+                                              lambda: self._gateway.edit_buttons(target.chat_id, message_id, None))
+        return await self._scheduler.call(Priority.ANSWER, target,
+                                          lambda: self._gateway.edit_message(target.chat_id, message_id, message))
 
     async def set_message_reaction(self, chat_id: int, message_id: int, emoji: str) -> CallResult:
         """The receipt reaction: the least important call, skipped while output is held back."""
-        return await self._scheduler.call(Priority.BACKGROUND, chat_id, None,
+        return await self._scheduler.call(Priority.BACKGROUND, Target(chat_id),
                                           lambda: self._gateway.set_message_reaction(chat_id, message_id, emoji),
                                           spends=False)
 
     def open_download(self, file_id: str) -> AbstractAsyncContextManager[CallResult]:
-        """A file's bytes as a stream (:meth:`TelegramGateway.open_download`): not a send, no budget."""
+        """A file's bytes as a stream (:meth:`Telegram.open_download`): not a send, no budget."""
         return self._gateway.open_download(file_id)

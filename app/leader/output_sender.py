@@ -30,8 +30,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from topicbus.bot.gateway import CallResult, Outcome, TelegramGateway
+from topicbus.ports.store import Store
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
+from topicbus.core.telegram import CallOutcome, CallResult
+from topicbus.ports.telegram import Telegram
 from topicbus.core.budget import Priority
+from topicbus.core.target import Target
 from topicbus.core.formatting import MAX_CAPTION, Rendered, as_plain, render, split, tail, utf16_len
 from topicbus.core.output import (AsFile, EditScreen, Extend, LiveMessage, NewMessage, NewScreen, OutputConfig, Ping,
                                   QueuedItem, Single, TopicTurn, Unbutton, coalescible, fitting, prompt_only)
@@ -40,18 +45,16 @@ from topicbus.core.records import (Button, ChatActionMessage, DocumentMessage, N
 from topicbus.leader.keyboards import Keyboards, keys
 from topicbus.leader.term import LeaderTerm
 from topicbus.retry import Backoff
-from topicbus.storage.db import AuthorityLost
-from topicbus.storage.keyboards import INTERRUPT, Keyboard
-from topicbus.storage.outbox import OutboxRepository
+from topicbus.core.authority import AuthorityLost
+from topicbus.core.keyboards import INTERRUPT, Keyboard
 
-TopicKey = tuple[int, int | None]
 HEADS = 256  # the rows of a topic read for planning
 FILE_HEADS = 8192  # the rows read when a run goes out as a file (it may reach beyond the heads)
 MAX_BACKOFF_S = 30.0
 GONE_PAUSE_S = 30.0
 Step = Single | NewMessage | Extend | AsFile | NewScreen | EditScreen | Ping | Unbutton
 # The scheduler's wire: (priority, topic, spends, the call) -> its result, once the budget allowed it.
-Call = Callable[[Priority, TopicKey, bool, Callable[[], Awaitable[CallResult]]], Awaitable[CallResult]]
+Call = Callable[[Priority, Target, bool, Callable[[], Awaitable[CallResult]]], Awaitable[CallResult]]
 
 
 @dataclass
@@ -80,20 +83,22 @@ class OutboundStats:
 
 
 class OutputSender:
-    def __init__(self, term: LeaderTerm, gateway: TelegramGateway, call: Call, output: OutputConfig, *,
-                 wake: Callable[[int, int | None], None],
-                 on_topic_gone: Callable[[int, int], Awaitable[object]] | None = None,
-                 keyboards: Keyboards | None = None):
+    def __init__(self, term: LeaderTerm, gateway: Telegram, call: Call, output: OutputConfig, *,
+                 wake: Callable[[Target], None],
+                 on_topic_gone: Callable[[Target], Awaitable[object]] | None = None,
+                 keyboards: Keyboards | None = None, store: Store, clock: Clock, events: EventJournal):
         self._term = term
+        self._clock = clock
+        self._events = events
         self._gateway = gateway
         self._call = call
         self._output = output
         self._wake = wake
         self._on_topic_gone = on_topic_gone
         self._keyboards = keyboards
-        self._live_keyboards: dict[TopicKey, Keyboard] = {}  # the keyboard on each topic's live message
-        self._screen_keyboards: dict[TopicKey, Keyboard] = {}  # the keyboard on each topic's screen message
-        self._repo = OutboxRepository(term.db)
+        self._live_keyboards: dict[Target, Keyboard] = {}  # the keyboard on each topic's live message
+        self._screen_keyboards: dict[Target, Keyboard] = {}  # the keyboard on each topic's screen message
+        self._repo = store.outbox
         self._arrived: dict[int, int] = {}  # outbox id -> when this term first saw it (monotonic ms)
         self.stats = OutboundStats()
 
@@ -102,7 +107,7 @@ class OutputSender:
         now_ms = int(time.monotonic() * 1000)
         return [dataclasses.replace(i, arrived_ms=self._arrived.setdefault(i.id, now_ms)) for i in heads]
 
-    async def execute(self, key: TopicKey, topic: TopicOutput, step: Step, now: float) -> None:
+    async def execute(self, key: Target, topic: TopicOutput, step: Step, now: float) -> None:
         if isinstance(step, Ping):
             await self._ping(key, topic, now)
         elif isinstance(step, Single):
@@ -118,31 +123,30 @@ class OutputSender:
         elif isinstance(step, Unbutton):
             await self._unbutton(key, topic, step)
 
-    async def _send(self, key: TopicKey, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]],
+    async def _send(self, key: Target, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]],
                     priority: Priority = Priority.OUTPUT) -> CallResult:
         """One call, through the scheduler's wire; it is counted when its answer came (so the count never
         runs ahead of Telegram's), and a RetryAfter has paused the chat by the time it returns."""
         return await self._call(priority, key, spends, coro_fn)
 
-    async def _single(self, key: TopicKey, topic: TopicOutput, item: QueuedItem, now: float) -> None:
+    async def _single(self, key: Target, topic: TopicOutput, item: QueuedItem, now: float) -> None:
         payload = (await self._repo.payloads([item.id])).get(item.id)
-        chat, thread = key
         if isinstance(payload, ChatActionMessage):
             action = payload.action
-            result = await self._send(key, False, lambda: self._gateway.send_chat_action(chat, thread, action),
+            result = await self._send(key, False, lambda: self._gateway.send_chat_action(key, action),
                                       item.priority)
         elif isinstance(payload, DocumentMessage | PhotoMessage):
             file = payload
             caption = render(file.caption, None) if file.caption else None
             send = self._gateway.send_photo if isinstance(file, PhotoMessage) else self._gateway.send_document
-            result = await self._send(key, True, lambda: send(chat, thread, file.file_name, file.data, caption),
+            result = await self._send(key, True, lambda: send(key, file.file_name, file.data, caption),
                                       item.priority)
-            if result.outcome is Outcome.REJECTED and isinstance(file, PhotoMessage):
+            if result.outcome is CallOutcome.REJECTED and isinstance(file, PhotoMessage):
                 # Telegram would not take it as a photo (size, dimensions): the same bytes as a file.
                 result = await self._send(key, True, lambda: self._gateway.send_document(
-                    chat, thread, file.file_name, file.data, caption), item.priority)
+                    key, file.file_name, file.data, caption), item.priority)
         else:  # gone meanwhile, or a kind this version cannot send (a newer leader stored it)
-            result = CallResult(Outcome.REJECTED, message=f"no {item.kind} payload to send")
+            result = CallResult(CallOutcome.REJECTED, message=f"no {item.kind} payload to send")
         if await self._settle(key, topic, (item,), result):
             if not isinstance(payload, ChatActionMessage):
                 topic.turn.stream.live = None
@@ -153,7 +157,7 @@ class OutputSender:
         payloads = await self._repo.payloads([i.id for i in items])
         return "\n".join(_shown_texts(items, payloads)), payloads
 
-    async def _new_message(self, key: TopicKey, topic: TopicOutput, step: NewMessage, now: float) -> None:
+    async def _new_message(self, key: Target, topic: TopicOutput, step: NewMessage, now: float) -> None:
         owner_turns = topic.turn.stream.owner_turns
         raw, payloads = await self._texts(step.items)
         head = step.items[0]
@@ -169,7 +173,7 @@ class OutputSender:
         markup = keys(keyboard) if keyboard is not None else None
         rendered = render(raw, head.fmt)
         parts = split(rendered) or [Rendered(raw or " ")]
-        result = CallResult(Outcome.OK)
+        result = CallResult(CallOutcome.OK)
         message_id: int | None = None
         # A leader notice may answer one message (a voice note's transcript); a notice goes alone.
         notice = payloads.get(head.id)
@@ -180,7 +184,7 @@ class OutputSender:
                                            markup=markup if last else None,
                                            priority=min(i.priority for i in step.items),
                                            reply_to=reply_to if index == 0 else None)
-            if result.outcome is not Outcome.OK:
+            if result.outcome is not CallOutcome.OK:
                 break
             message_id = result.value if isinstance(result.value, int) else None
         if await self._settle(key, topic, step.items, result, message_id):
@@ -195,22 +199,22 @@ class OutputSender:
             if head.kind == "text":
                 self.stats.units_sent += utf16_len(raw)
 
-    async def _keyboard(self, key: TopicKey, head_id: int, last_id: int, buttons: tuple[tuple[Button, ...], ...], *,
+    async def _keyboard(self, key: Target, head_id: int, last_id: int, buttons: tuple[tuple[Button, ...], ...], *,
                         printing: bool) -> Keyboard | None:
         """The keyboard a new message carries (``leader/keyboards``); None when there is none or it
         cannot be stored now (the output still goes out)."""
         if self._keyboards is None:
             return None
         try:
-            return await self._keyboards.for_message(key[0], key[1], head_id=head_id, last_id=last_id,
+            return await self._keyboards.for_message(key, head_id=head_id, last_id=last_id,
                                                      buttons=buttons, printing=printing)
         except AuthorityLost:
             raise
         except Exception as exc:  # noqa: BLE001 - a keyboard is never worth holding output back
-            self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
+            self._events.record(exc, phase="outbound-keyboard", level="WARNING")
             return None
 
-    async def _carried(self, key: TopicKey, keyboard: Keyboard | None, message_id: int | None, *,
+    async def _carried(self, key: Target, keyboard: Keyboard | None, message_id: int | None, *,
                        live: bool) -> None:
         """A message went out with ``keyboard``: remember its message; the live message's keyboard is
         kept so that the edits that grow it keep (or drop) the Interrupt button."""
@@ -220,28 +224,27 @@ class OutputSender:
             except AuthorityLost:
                 raise
             except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
-                self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
+                self._events.record(exc, phase="outbound-keyboard", level="WARNING")
         if live and keyboard is not None:
             self._live_keyboards[key] = keyboard
         else:
             self._live_keyboards.pop(key, None)
 
-    async def _send_text(self, key: TopicKey, message: Rendered, raw: str, *, silent: bool,
+    async def _send_text(self, key: Target, message: Rendered, raw: str, *, silent: bool,
                          markup: Any = None, priority: Priority = Priority.OUTPUT,
                          reply_to: int | None = None) -> CallResult:
-        chat, thread = key
-        result = await self._send(key, True, lambda: self._gateway.send_message(chat, thread, message, silent=silent,
+        result = await self._send(key, True, lambda: self._gateway.send_message(key, message, silent=silent,
                                                                             buttons=markup, reply_to=reply_to),
                                   priority)
-        if result.outcome is Outcome.REJECTED and message.parse_mode and "parse" in result.message.lower():
+        if result.outcome is CallOutcome.REJECTED and message.parse_mode and "parse" in result.message.lower():
             # HTML Telegram cannot parse: the source as plain text, once.
-            result = await self._send(key, True, lambda: self._gateway.send_message(chat, thread, as_plain(raw),
+            result = await self._send(key, True, lambda: self._gateway.send_message(key, as_plain(raw),
                                                                                 silent=silent, buttons=markup,
                                                                                 reply_to=reply_to),
                                       priority)
         return result
 
-    async def _extend(self, key: TopicKey, topic: TopicOutput, step: Extend, now: float) -> None:
+    async def _extend(self, key: Target, topic: TopicOutput, step: Extend, now: float) -> None:
         live = topic.turn.stream.live
         assert live is not None
         owner_turns = topic.turn.stream.owner_turns
@@ -255,12 +258,12 @@ class OutputSender:
         if rendered.length > self._output.max_message:
             topic.turn.stream.live = None  # no room after rendering: the next turn starts a new message
             return
-        chat = key[0]
+        chat = key.chat_id
         keyboard = None if prompt else await self._growing_keyboard(key, live.message_id, step.items[-1].id)
         markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(key, True, lambda: self._gateway.edit_message(chat, live.message_id, rendered,
                                                                             buttons=markup))
-        if result.outcome is Outcome.REJECTED:
+        if result.outcome is CallOutcome.REJECTED:
             # The message cannot be edited (deleted, too old), or the joined text does not parse (HTML):
             # the items go out in a new message instead, which falls back to plain text if need be.
             topic.turn.stream.live = None
@@ -276,8 +279,8 @@ class OutputSender:
             self.stats.edits += 1
             self.stats.units_sent += utf16_len(added)
 
-    async def _growing_keyboard(self, key: TopicKey, message_id: int, last_id: int,
-                                kept: dict[TopicKey, Keyboard] | None = None) -> Keyboard | None:
+    async def _growing_keyboard(self, key: Target, message_id: int, last_id: int,
+                                kept: dict[Target, Keyboard] | None = None) -> Keyboard | None:
         """The keyboard of the live message (or, with ``kept=self._screen_keyboards``, the screen
         message) at an edit that grows it (the agent is printing): its Interrupt button while the
         registration that printed it is still registered, a new one for the newest output's process
@@ -289,26 +292,26 @@ class OutputSender:
             return current
         return await self._keyboard(key, last_id, last_id, (), printing=True)
 
-    async def _screen_frame(self, key: TopicKey, topic: TopicOutput, step: NewScreen | EditScreen) -> None:
+    async def _screen_frame(self, key: Target, topic: TopicOutput, step: NewScreen | EditScreen) -> None:
         """The newest pending frame of a full-screen program: a new screen message, or the screen message
         edited in place. The frames passed over are settled with it (they were never shown); a frame equal
         to what the message shows already costs no call. The message carries the Interrupt button."""
         newest = step.items[-1]
         raw = _text((await self._repo.payloads([newest.id])).get(newest.id)) or " "
         rendered = (split(render(raw, newest.fmt)) or [Rendered(raw)])[0]  # a screen taller than a message: its top
-        chat, thread = key
+        chat = key.chat_id
         now_ms = int(time.monotonic() * 1000)
         screen = topic.turn.stream.screen
         if isinstance(step, EditScreen) and screen is not None:
             if raw == screen.raw:
-                result = CallResult(Outcome.OK)
+                result = CallResult(CallOutcome.OK)
             else:
                 keyboard = await self._growing_keyboard(key, screen.message_id, newest.id,
                                                          self._screen_keyboards)
                 markup = keys(keyboard) if keyboard is not None else None
                 result = await self._send(key, True, lambda: self._gateway.edit_message(chat, screen.message_id,
                                                                                     rendered, buttons=markup))
-                if result.outcome is Outcome.REJECTED:
+                if result.outcome is CallOutcome.REJECTED:
                     topic.turn.stream.screen = None  # deleted, too old: the next turn starts a new screen message
                     self._screen_keyboards.pop(key, None)
                     return
@@ -321,7 +324,7 @@ class OutputSender:
         notify = isinstance(step, NewScreen) and step.notify
         keyboard = await self._keyboard(key, step.items[0].id, newest.id, (), printing=True)
         markup = keys(keyboard) if keyboard is not None else None
-        result = await self._send(key, True, lambda: self._gateway.send_message(chat, thread, rendered, silent=not notify,
+        result = await self._send(key, True, lambda: self._gateway.send_message(key, rendered, silent=not notify,
                                                                             buttons=markup))
         message_id = result.value if isinstance(result.value, int) else None
         if await self._settle(key, topic, step.items, result, message_id):
@@ -332,7 +335,7 @@ class OutputSender:
             self.stats.messages += 1
             self.stats.units_sent += utf16_len(raw)
 
-    async def _screen_carried(self, key: TopicKey, keyboard: Keyboard | None, message_id: int | None) -> None:
+    async def _screen_carried(self, key: Target, keyboard: Keyboard | None, message_id: int | None) -> None:
         if keyboard is None or self._keyboards is None:
             self._screen_keyboards.pop(key, None)
             return
@@ -341,23 +344,22 @@ class OutputSender:
         except AuthorityLost:
             raise
         except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
-            self._term.events.record(exc, phase="outbound-keyboard", level="WARNING")
+            self._events.record(exc, phase="outbound-keyboard", level="WARNING")
         self._screen_keyboards[key] = keyboard
 
-    async def _as_file(self, key: TopicKey, topic: TopicOutput, step: AsFile, now: float) -> None:
+    async def _as_file(self, key: Target, topic: TopicOutput, step: AsFile, now: float) -> None:
         items = step.items
         if len(items) == len(topic.heads) == HEADS:  # the run may go on beyond the heads read so far
-            more = self.stamped(await self._repo.heads(key[0], key[1], FILE_HEADS))
+            more = self.stamped(await self._repo.heads(key, FILE_HEADS))
             items = tuple(fitting(coalescible(more), self._output.max_file_units)) or items
         raw, _ = await self._texts(items)
         stamp = datetime.now(UTC).strftime("%H%M%S")
         preview = tail(raw, MAX_CAPTION - 2)
         caption = render(preview, "pre")
-        chat, thread = key
         keyboard = await self._keyboard(key, items[0].id, items[-1].id, (), printing=True)
         markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(key, True, lambda: self._gateway.send_document(
-            chat, thread, f"output-{stamp}.txt", raw.encode("utf-8", "surrogatepass"), caption, silent=True,
+            key, f"output-{stamp}.txt", raw.encode("utf-8", "surrogatepass"), caption, silent=True,
             buttons=markup))
         message_id = result.value if isinstance(result.value, int) else None
         if await self._settle(key, topic, items, result, message_id):
@@ -369,22 +371,22 @@ class OutputSender:
             self.stats.files += 1
             self.stats.units_sent += utf16_len(raw)
 
-    async def _ping(self, key: TopicKey, topic: TopicOutput, now: float) -> None:
+    async def _ping(self, key: Target, topic: TopicOutput, now: float) -> None:
         text = topic.turn.ping_text()
-        result = await self._send(key, True, lambda: self._gateway.send_message(key[0], key[1], Rendered(text)))
-        if result.outcome is Outcome.RETRY_AFTER:
+        result = await self._send(key, True, lambda: self._gateway.send_message(key, Rendered(text)))
+        if result.outcome is CallOutcome.RETRY_AFTER:
             return  # the chat is paused already (the scheduler's wire); the ping is owed still
         topic.turn.pinged(int(time.monotonic() * 1000))  # a failed ping is not retried: it carries no output
         self._live_keyboards.pop(key, None)
         if result.ok:
             self.stats.pings += 1
 
-    async def _unbutton(self, key: TopicKey, topic: TopicOutput, step: Unbutton) -> None:
+    async def _unbutton(self, key: Target, topic: TopicOutput, step: Unbutton) -> None:
         """Take the Interrupt button off a message that is no longer the end of a running stream. Any
         answer but a RetryAfter settles it: a message gone or already without buttons is not retried."""
-        result = await self._send(key, True, lambda: self._gateway.edit_buttons(key[0], step.message_id, None),
+        result = await self._send(key, True, lambda: self._gateway.edit_buttons(key.chat_id, step.message_id, None),
                                   Priority.BACKGROUND)
-        if result.outcome is Outcome.RETRY_AFTER:
+        if result.outcome is CallOutcome.RETRY_AFTER:
             return
         topic.turn.carried_button(step.message_id, False)
         current = self._live_keyboards.get(key)
@@ -394,55 +396,55 @@ class OutputSender:
             self.stats.unbuttoned += 1
 
     # --- outcomes -----------------------------------------------------------------------------------
-    async def _settle(self, key: TopicKey, topic: TopicOutput, items: tuple[QueuedItem, ...], result: CallResult,
+    async def _settle(self, key: Target, topic: TopicOutput, items: tuple[QueuedItem, ...], result: CallResult,
                       message_id: int | None = None) -> bool:
         """Record a call's outcome for the rows it covered; True when they went out."""
         authority = self._term.authority()
         ids = [i.id for i in items]
         if result.ok:
-            await self._repo.mark_sent(ids, self._term.now_ms(), message_id, authority)
+            await self._repo.mark_sent(ids, self._clock.now_ms(), message_id, authority)
             for item_id in ids:
                 self._arrived.pop(item_id, None)
             topic.backoff.reset()
-            self._wake(*key)
+            self._wake(key)
             return True
-        chat, thread = key
-        if result.outcome is Outcome.RETRY_AFTER:  # the chat is paused already (the scheduler's wire)
-            self._term.events.record("Telegram flood control; the chat is paused", phase="outbox-retry-after",
+        chat, thread = key.chat_id, key.thread_id
+        if result.outcome is CallOutcome.RETRY_AFTER:  # the chat is paused already (the scheduler's wire)
+            self._events.record("Telegram flood control; the chat is paused", phase="outbox-retry-after",
                                      level="WARNING", chatId=chat, threadId=thread, retryAfterS=result.retry_after_s)
             await self._repo.note_attempt(ids[0], f"retry-after {result.retry_after_s}s", authority)
-        elif result.outcome is Outcome.AMBIGUOUS:
+        elif result.outcome is CallOutcome.AMBIGUOUS:
             topic.paused_until = time.monotonic() + topic.backoff.next()
             await self._repo.note_attempt(ids[0], f"ambiguous: {result.message}", authority)
-        elif result.outcome is Outcome.GONE and thread is not None:
+        elif result.outcome is CallOutcome.GONE and thread is not None:
             topic.paused_until = time.monotonic() + GONE_PAUSE_S
             await self._repo.note_attempt(ids[0], "topic gone", authority)
             if self._on_topic_gone is not None:
-                await self._on_topic_gone(chat, thread)
-            if failed := await self._repo.fail_unbound(chat, thread, "topic gone", authority):
+                await self._on_topic_gone(key)
+            if failed := await self._repo.fail_unbound(key, "topic gone", authority):
                 self.stats.failed += failed
-                self._term.events.record("Topic is gone; output no binding can take elsewhere dropped",
+                self._events.record("Topic is gone; output no binding can take elsewhere dropped",
                                          phase="outbox-topic-gone", level="WARNING", chatId=chat, threadId=thread,
                                          items=failed)
-                self._wake(*key)
+                self._wake(key)
         elif thread is not None and "topic_closed" in result.message.lower():
             await self._reopen(key, topic, ids[0])
         else:
             await self._repo.mark_failed(ids[0], f"{result.outcome}: {result.message}", authority)
             self._arrived.pop(ids[0], None)
             self.stats.failed += 1
-            self._term.events.record("Telegram rejected output", phase="outbox-rejected", level="WARNING",
+            self._events.record("Telegram rejected output", phase="outbox-rejected", level="WARNING",
                                      chatId=chat, threadId=thread, error=result.message)
-            self._wake(*key)
+            self._wake(key)
         return False
 
-    async def _reopen(self, key: TopicKey, topic: TopicOutput, item_id: int) -> None:
+    async def _reopen(self, key: Target, topic: TopicOutput, item_id: int) -> None:
         """A send into a closed topic: reopen it, then the same output is sent again (never dropped)."""
-        chat, thread = key
+        chat, thread = key.chat_id, key.thread_id
         assert thread is not None
-        self._term.events.record("Topic was closed; reopening it before sending", phase="topic-reopen",
+        self._events.record("Topic was closed; reopening it before sending", phase="topic-reopen",
                                  chatId=chat, threadId=thread)
-        result = await self._send(key, True, lambda: self._gateway.reopen_topic(chat, thread), Priority.ANSWER)
+        result = await self._send(key, True, lambda: self._gateway.reopen_topic(key), Priority.ANSWER)
         await self._repo.note_attempt(item_id, f"topic closed; reopen: {result.outcome}", self._term.authority())
         if not result.ok:
             topic.paused_until = time.monotonic() + topic.backoff.next()

@@ -9,18 +9,23 @@ destructive: an unreadable policy is *unknown*, never a guess.
 
 from __future__ import annotations
 
+from topicbus.ports.store import Store
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
 from topicbus.core.display import NEW_DATABASE_DISPLAY_MODE, DisplayMode
 from topicbus.leader.term import LeaderTerm
-from topicbus.storage.db import Authority
-from topicbus.storage.runtime_settings import (CLEANUP_POLICY, DISPLAY_MODE, DISPLAY_MODE_DEFAULT,
-                                               RuntimeSettingsRepository)
+from topicbus.core.authority import Authority
+from topicbus.core.runtime_settings import CLEANUP_POLICY, DISPLAY_MODE, DISPLAY_MODE_DEFAULT
 
 
 class Preferences:
-    def __init__(self, term: LeaderTerm, *, default_cleanup: bool, default_display_mode: DisplayMode | None):
+    def __init__(self, term: LeaderTerm, *, default_cleanup: bool, default_display_mode: DisplayMode | None,
+                 store: Store, clock: Clock, events: EventJournal):
         """``default_display_mode`` is ``DISPLAY_MODE`` from the environment (None when not set)."""
         self._term = term
-        self._repo = RuntimeSettingsRepository(term.db)
+        self._clock = clock
+        self._events = events
+        self._repo = store.settings
         self._default_cleanup = default_cleanup
         self._default_display_mode = default_display_mode
         self.display_mode: DisplayMode = default_display_mode or NEW_DATABASE_DISPLAY_MODE
@@ -48,10 +53,10 @@ class Preferences:
         return {"on": True, "off": False}.get(value)
 
     async def set_cleanup_policy(self, enabled: bool) -> None:
-        await self._repo.set(CLEANUP_POLICY, "on" if enabled else "off", self._term.now_ms(), self._term.authority())
-        self._term.events.record("Cleanup policy changed", phase="settings", cleanup=enabled)
+        await self._repo.set(CLEANUP_POLICY, "on" if enabled else "off", self._clock.now_ms(), self._term.authority())
+        self._events.record("Cleanup policy changed", phase="settings", cleanup=enabled)
 
     async def set_display_mode(self, mode: DisplayMode, authority: Authority) -> None:
-        await self._repo.set(DISPLAY_MODE, str(mode), self._term.now_ms(), authority)
+        await self._repo.set(DISPLAY_MODE, str(mode), self._clock.now_ms(), authority)
         self.display_mode = mode
-        self._term.events.record("Display mode changed", phase="settings", mode=str(mode))
+        self._events.record("Display mode changed", phase="settings", mode=str(mode))

@@ -16,12 +16,13 @@ from collections.abc import Callable
 
 from loguru import logger
 
-from topicbus.bot.gateway import Outcome, TelegramGateway
+from topicbus.core.telegram import CallOutcome
+from topicbus.ports.telegram import Telegram
 from topicbus.core.press_answers import ButtonKey, Offer, PressAnswer, PressAnswerConfig, PressAnswerQueue
 
 
 class PressAnswerLane:
-    def __init__(self, gateway: TelegramGateway, config: PressAnswerConfig, *,
+    def __init__(self, gateway: Telegram, config: PressAnswerConfig, *,
                  paused_until: Callable[[], float] = lambda: 0.0, clock: Callable[[], float] = time.monotonic):
         self._gateway = gateway
         self._queue = PressAnswerQueue(config)
@@ -81,7 +82,7 @@ class PressAnswerLane:
         except Exception as exc:  # noqa: BLE001 - a gateway never raises; this guards the lane
             logger.bind(phase="button").warning("a press answer failed ({})", type(exc).__name__)
             return
-        if result.outcome is Outcome.RETRY_AFTER:
+        if result.outcome is CallOutcome.RETRY_AFTER:
             self._queue.pause(self._clock(), result.retry_after_s)
             self._queue.retry(answer)
         elif not result.ok:

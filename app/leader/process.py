@@ -2,7 +2,7 @@
 
 :class:`LeaderProcess` holds the process-wide pieces (store, HTTP/bus server) and loops: wait as
 standby until the lease is ours, lead until stopped or the lease is lost, repeat.
-:class:`Leadership` runs one term: the PTB ``Application``, the term's services, the poller — started
+:class:`Leadership` runs one term: the PTB ``Application``, the term's parts (a ``RunningTerm``), the poller — started
 in that order and stopped in reverse.
 """
 
@@ -19,11 +19,12 @@ from typing import Any
 
 from loguru import logger
 from telegram.error import InvalidToken, NetworkError, TimedOut
-from telegram.ext import Application, ContextTypes
+from telegram.ext import Application, ContextTypes, JobQueue
 
-from topicbus import __version__, handlers
+from topicbus import __version__
 from topicbus.bot.chat_check import check_chat, setup_fix
-from topicbus.bot.gateway import CallResult, TelegramGateway, redact_bot_urls
+from topicbus.core.telegram import CallResult
+from topicbus.bot.gateway import TelegramGateway, redact_bot_urls
 from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
@@ -35,7 +36,7 @@ from topicbus.host import ProcessLiveness, current_host_id
 from topicbus.core.budget import BudgetConfig
 from topicbus.core.output import EDIT_INTERVAL_MS, OutputConfig
 from topicbus.core.status import StatusReport
-from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
+from topicbus.leader.assembly import RunningTerm
 from topicbus.leader.health import LeaderHealth
 from topicbus.leader.notices import restart_text, welcome_text
 from topicbus.leader.outbound import OutboundOptions
@@ -47,8 +48,9 @@ from topicbus.logsetup import EventJournal
 from topicbus.retry import Backoff, sleep_or_stop
 from topicbus.settings import Settings
 from topicbus.speech.client import TranscriptionEndpoint
-from topicbus.storage.admission import AdmissionBlocked
-from topicbus.storage.db import Authority, Database, StorageUnavailable
+from topicbus.core.admission import AdmissionBlocked
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database, StorageUnavailable
 from topicbus.storage.lease import LeaseRepository
 
 STANDBY_POLL_S = 0.5
@@ -122,15 +124,14 @@ class LeaderProcess:
                     await sleep_or_stop(STANDBY_POLL_S, stop)
                     continue
                 logger.bind(phase="lease").info("leader lease acquired (epoch {})", authority.epoch)
-                term = LeaderTerm(db=db, clock=self.clock, chat_id=self.settings.chat_id or 0, events=self.events,
-                                  owner=self.owner)
+                term = LeaderTerm(self.owner)
                 term.begin(authority)
                 # A predecessor that stopped cleanly released the lease (heartbeat 0); one that
                 # crashed, was killed or lost its lease left its last heartbeat behind.
                 unclean = (previous is not None and previous.heartbeat_at_ms != 0
                            and previous.epoch + 1 == authority.epoch)
-                self.leadership = Leadership(self.settings, term, self.server, leases,
-                                             after_unclean_stop=unclean, health=self.health)
+                self.leadership = Leadership(self.settings, term, self.server, leases, db=db, clock=self.clock,
+                                             events=self.events, after_unclean_stop=unclean, health=self.health)
                 lost = await self.leadership.run(stop)
                 self.leadership = None
                 if lost:
@@ -149,9 +150,9 @@ class LeaderProcess:
             await db.close()
 
     async def _status(self) -> StatusReport:
-        services = self.leadership.services if self.leadership is not None else None
-        if services is not None:
-            return await services.status.snapshot(self.server.role)
+        running = self.leadership.running if self.leadership is not None else None
+        if running is not None:
+            return await running.status(self.server.role)
         return StatusReport(role=self.server.role, epoch=self.server.epoch)
 
     def _health_reasons(self) -> list[str]:
@@ -159,32 +160,17 @@ class LeaderProcess:
 
     def _metrics(self) -> Snapshot:
         leadership = self.leadership
-        services = leadership.services if leadership else None
+        running = leadership.running if leadership else None
         values: dict[str, Any] = {
             "topicbus_leader": 1 if self.server.role == "leader" else 0,
             "topicbus_epoch": self.server.epoch,
-            "topicbus_followers": len(services.roster) if services else 0,
+            "topicbus_followers": 0,
             "topicbus_downloads_active": self.server.downloads.active,
             "topicbus_downloads_waiting": self.server.downloads.waiting,
         }
-        if services is not None and leadership is not None:
-            router = services.router
-            values.update({
-                "topicbus_routed_total": router.stats["routed"],
-                "topicbus_delivered_total": services.roster.hub.delivered,
-                "topicbus_registrations_total": services.registrations.count,
-                "topicbus_outbound_sent_total": services.outbound.sent,
-                "topicbus_outbound_retry_after_total": services.outbound.retry_after_hits,
-                "topicbus_updates_seen_total": leadership.poller.updates_seen if leadership.poller else 0,
-                "topicbus_route_latency_ms": {"0.5": router.latency.quantile(0.5) or 0,
-                                              "0.99": router.latency.quantile(0.99) or 0},
-                "topicbus_display_passes_total": services.display.passes,
-                "topicbus_voice_notes_total": {"transcribed": services.transcriber.stats["transcribed"],
-                                               "file": services.transcriber.stats["fell_back"]},
-                "topicbus_display_edits_total": services.display.edits,
-                **services.outbound.metrics(),
-                "topicbus_press_answers_total": services.press_answers.counts,
-            })
+        if running is not None and leadership is not None:
+            values.update(running.metrics())
+            values["topicbus_updates_seen_total"] = leadership.poller.updates_seen if leadership.poller else 0
         return values
 
 
@@ -195,18 +181,127 @@ def transcription_options(s: Settings) -> TranscriptionOptions:
     return TranscriptionOptions(endpoint=endpoint, max_s=s.transcribe_max_s, timeout_s=s.transcribe_timeout_s)
 
 
+class ChatChecks:
+    """Before a term opens: can TOPICBUS_CHAT_ID hold topics, and the group's command menu. These
+    calls go to Telegram directly (no chat budget spent, and the scheduler has not started yet)."""
+
+    def __init__(self, chat_id: int, telegram: TelegramGateway):
+        self._chat_id = chat_id
+        self._telegram = telegram
+
+    async def run(self, bot_id: int) -> None:
+        """The command menu is read while the chat is checked (one round trip to Telegram fewer
+        before readiness), and set only once the chat passed: a wrong TOPICBUS_CHAT_ID changes
+        nothing. Raises :class:`FatalLeaderError` with the fix when the chat cannot be used."""
+        menu = asyncio.create_task(self._telegram.get_commands(self._chat_id), name="command-menu-read")
+        try:
+            await self._check_chat(bot_id)
+        except BaseException:
+            menu.cancel()
+            await asyncio.gather(menu, return_exceptions=True)
+            raise
+        await self._sync_command_menu(await menu)
+
+    async def _check_chat(self, bot_id: int) -> None:
+        """A chat the bot cannot run topics in is a configuration error: exit 2 with the fix."""
+        verdict = await check_chat(self._telegram, self._chat_id, bot_id)
+        if verdict.fix is not None:
+            raise FatalLeaderError(f"cannot use TOPICBUS_CHAT_ID {self._chat_id}: {verdict.fix}")
+        if verdict.note is not None:
+            logger.bind(phase="startup").warning("could not check the chat ({}); going on",
+                                                 redact_bot_urls(verdict.note))
+
+    async def _sync_command_menu(self, current: CallResult) -> None:
+        """The group's command menu, set only when it differs from Telegram's (a failure is not fatal)."""
+        outcome, detail = await sync_command_menu(self._telegram, self._chat_id, current=current)
+        if outcome is MenuSync.FAILED:
+            logger.bind(phase="startup").warning("command menu not set ({}); the commands still work", detail)
+        elif outcome is MenuSync.SET:
+            logger.bind(phase="startup").info("command menu set for the chat")
+
+
+class TermJobs:
+    """The term's periodic jobs on PTB's JobQueue: the lease refresh (from before the term opens),
+    then pruning, the history purge and, once, the heap freeze."""
+
+    def __init__(self, jq: JobQueue, settings: Settings, term: LeaderTerm, running: RunningTerm,
+                 leases: LeaseRepository, clock: Clock, health: LeaderHealth, *, on_lost: Callable[[], None]):
+        self._jq = jq
+        self._settings = settings
+        self._term = term
+        self._running = running
+        self._leases = leases
+        self._clock = clock
+        self._health = health
+        self._on_lost = on_lost
+
+    def start_lease_refresh(self) -> None:
+        every = self._settings.lease_refresh_ms / 1000
+        self._jq.run_repeating(self._refresh_lease, interval=every, first=every, name=LEASE_JOB_ID,
+                               job_kwargs={"id": LEASE_JOB_ID, "replace_existing": True, "misfire_grace_time": None,
+                                           "coalesce": True})
+
+    def start_term_jobs(self) -> None:
+        """Once the term is open and greeted."""
+        every = self._settings.prune_interval_ms / 1000
+        self._jq.run_repeating(self._prune, interval=every, first=every, name=PRUNE_JOB_ID,
+                               job_kwargs={"id": PRUNE_JOB_ID, "replace_existing": True, "coalesce": True,
+                                           "max_instances": 1, "misfire_grace_time": None})
+        self._jq.run_repeating(self._purge, interval=PURGE_INTERVAL_S, first=60, name=PURGE_JOB_ID,
+                               job_kwargs={"id": PURGE_JOB_ID, "replace_existing": True, "coalesce": True,
+                                           "max_instances": 1})
+        self._jq.run_once(self._freeze_heap, when=HEAP_FREEZE_AFTER_S, name=HEAP_FREEZE_JOB_ID,
+                          job_kwargs={"id": HEAP_FREEZE_JOB_ID, "replace_existing": True, "misfire_grace_time": None})
+
+    async def _freeze_heap(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """Everything the start built (PTB, handlers, the term's parts) lives as long as the term: keep
+        it out of the cyclic collector's scans so collections on the routing path stay short. Run once,
+        a moment after the start, so that readiness does not wait for the full collection before it."""
+        gc.collect()
+        gc.freeze()
+
+    async def _refresh_lease(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        authority = self._term.current()
+        if authority is None:
+            return
+        try:
+            still = await self._leases.refresh(authority, self._clock.now_ms())
+        except Exception as exc:  # noqa: BLE001 - a busy database: try again next tick
+            logger.bind(phase="lease").warning("lease refresh failed ({}); will retry", type(exc).__name__)
+            self._health.lease_failed(f"{type(exc).__name__}: {exc}"[:200])
+            return
+        if not still:
+            self._on_lost()
+        else:
+            self._health.lease_refreshed()
+
+    async def _purge(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        journal, outbox, keyboards = await self._running.purge_history(HISTORY_KEEP_MS, self._clock.now_ms())
+        if journal or outbox:
+            logger.bind(phase="purge").info("purged {} delivered messages and {} sent outputs", journal, outbox)
+        if keyboards:
+            logger.bind(phase="purge").info("purged {} inline keyboards", keyboards)
+
+    async def _prune(self, context: ContextTypes.DEFAULT_TYPE) -> None:
+        await self._running.prune()
+
+
 class Leadership:
     """Everything that exists only while this process holds the lease."""
 
     def __init__(self, settings: Settings, term: LeaderTerm, server: BusServer, leases: LeaseRepository, *,
-                 after_unclean_stop: bool = False, health: LeaderHealth | None = None):
+                 db: Database, clock: Clock, events: EventJournal, after_unclean_stop: bool = False,
+                 health: LeaderHealth | None = None):
         self.settings = settings
         self.after_unclean_stop = after_unclean_stop
         self.health = health or LeaderHealth(poll_deadline_s=settings.health_poll_deadline_s,
                                              lease_stale_after_ms=settings.lease_stale_after_ms)
         self.term = term
         self.server = server
-        self.services: LeaderServices | None = None
+        self._db = db
+        self._clock = clock
+        self._events = events
+        self.running: RunningTerm | None = None
         self.poller: UpdatePoller | None = None
         self._jobs: RunningJobs | None = None
         self.lost = asyncio.Event()
@@ -228,96 +323,60 @@ class Leadership:
         jq = app.job_queue
         assert jq is not None
         self._jobs = RunningJobs(jq)
-        services = assemble(self.term, bot=app.bot, timers=JobQueueTimers(jq),
-                            liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
-                            default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms,
-                            outbound_options=outbound_options(s), offline_ttl_s=s.offline_ttl_s,
-                            receipt_reaction=s.receipt_reaction, cleanup_grace_s=s.cleanup_grace_s,
-                            transcription=transcription_options(s))
-        self.services = services
-        # Before the term opens: the start-up checks call Telegram directly (no chat budget spent,
-        # and the scheduler has not started yet). The command menu is read while the chat is
-        # checked (one round trip to Telegram fewer before readiness), and set only once the chat
-        # passed: a wrong TOPICBUS_CHAT_ID changes nothing.
-        telegram = TelegramGateway(app.bot)
-        menu = asyncio.create_task(telegram.get_commands(s.chat_id or 0), name="command-menu-read")
+        running = RunningTerm.assemble(
+            self.term, db=self._db, bot=app.bot, clock=self._clock, events=self._events, chat_id=s.chat_id or 0,
+            timers=JobQueueTimers(jq), liveness=ProcessLiveness(current_host_id()), default_cleanup=s.thread_cleanup,
+            default_display_mode=s.display_mode, stale_after_ms=s.follower_stale_after_ms,
+            outbound_options=outbound_options(s), offline_ttl_s=s.offline_ttl_s, receipt_reaction=s.receipt_reaction,
+            cleanup_grace_s=s.cleanup_grace_s, transcription=transcription_options(s))
+        self.running = running
         try:
-            await self._check_chat(telegram, app.bot.id)
-        except BaseException as exc:
-            menu.cancel()
-            await asyncio.gather(menu, return_exceptions=True)
-            if isinstance(exc, FatalLeaderError):
-                await app.shutdown()
+            await ChatChecks(s.chat_id or 0, TelegramGateway(app.bot)).run(app.bot.id)
+        except FatalLeaderError:
+            await app.shutdown()
             raise
-        await self._sync_command_menu(telegram, await menu)
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
-                                   batch=self._journaled_batch(services),
+                                   batch=self._journaled_batch(running),
                                    holds_lease=lambda: self.term.current() is not None and not self.lost.is_set())
-        self.health.begin_term(self.poller, services.roster.hub)
-        handlers.register_all(app, services, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
+        self.health.begin_term(self.poller, running.receipts)
+        running.register_handlers(app, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
         app.add_error_handler(self._handler_error)
         self.server.role, self.server.epoch = "starting", self.term.authority().epoch
+        jobs = TermJobs(jq, s, self.term, running, self._leases, self._clock, self.health, on_lost=self._lose)
         await app.start()
         try:
-            jq.run_repeating(self._refresh_lease, interval=s.lease_refresh_ms / 1000, first=s.lease_refresh_ms / 1000,
-                             name=LEASE_JOB_ID, job_kwargs={"id": LEASE_JOB_ID, "replace_existing": True,
-                                                            "misfire_grace_time": None, "coalesce": True})
-            if not await open_term(services, provision_control=lambda: self._provision_control_topic(stop)):
+            jobs.start_lease_refresh()
+            if not await running.open(provision_control=lambda: self._provision_control_topic(stop)):
                 return self.lost.is_set()
-            await self._greet(services)
-            jq.run_repeating(self._prune, interval=s.prune_interval_ms / 1000, first=s.prune_interval_ms / 1000,
-                             name=PRUNE_JOB_ID, job_kwargs={"id": PRUNE_JOB_ID, "replace_existing": True,
-                                                            "coalesce": True, "max_instances": 1,
-                                                            "misfire_grace_time": None})
-            jq.run_repeating(self._purge, interval=PURGE_INTERVAL_S, first=60, name=PURGE_JOB_ID,
-                             job_kwargs={"id": PURGE_JOB_ID, "replace_existing": True, "coalesce": True,
-                                         "max_instances": 1})
-            jq.run_once(self._freeze_heap, when=HEAP_FREEZE_AFTER_S, name=HEAP_FREEZE_JOB_ID,
-                        job_kwargs={"id": HEAP_FREEZE_JOB_ID, "replace_existing": True, "misfire_grace_time": None})
-            self.server.publish(services.followers, self.term.authority().epoch)
+            await self._greet(running)
+            jobs.start_term_jobs()
+            self.server.publish(running.followers, self.term.authority().epoch)
             self.poller.start()
             await self._wait_until_done(stop)
         finally:
-            await self._teardown(app, services)
+            await self._teardown(app, running)
         return self.lost.is_set()
 
-    async def _greet(self, services: LeaderServices) -> None:
+    async def _greet(self, running: RunningTerm) -> None:
         """The control topic's first words: the welcome on a new database; later, one line when the
         previous leader did not stop cleanly (a clean restart says nothing)."""
         url = self.settings.bus_url(self.server.bound_port)
         secret = self.settings.bus_secret is not None and bool(self.settings.bus_secret.get_secret_value())
         try:
-            if await services.notices.welcome(welcome_text(__version__, url, secret_set=secret)):
+            if await running.notices.welcome(welcome_text(__version__, url, secret_set=secret)):
                 logger.bind(phase="startup").info("welcome posted in the control topic (bus {})", url)
             elif self.after_unclean_stop:
-                await services.notices.answer(restart_text(self.term.authority().epoch))
+                await running.notices.answer(restart_text(self.term.authority().epoch))
         except Exception as exc:  # noqa: BLE001 - a greeting is never worth a term (a lost lease shows up anyway)
             logger.bind(phase="startup").warning("control topic greeting not posted ({})", type(exc).__name__)
 
-    async def _check_chat(self, telegram: TelegramGateway, bot_id: int) -> None:
-        """A chat the bot cannot run topics in is a configuration error: exit 2 with the fix."""
-        chat_id = self.settings.chat_id or 0
-        verdict = await check_chat(telegram, chat_id, bot_id)
-        if verdict.fix is not None:
-            raise FatalLeaderError(f"cannot use TOPICBUS_CHAT_ID {chat_id}: {verdict.fix}")
-        if verdict.note is not None:
-            logger.bind(phase="startup").warning("could not check the chat ({}); going on", redact_bot_urls(verdict.note))
-
-    async def _sync_command_menu(self, telegram: TelegramGateway, current: CallResult) -> None:
-        """The group's command menu, set only when it differs from Telegram's (a failure is not fatal)."""
-        outcome, detail = await sync_command_menu(telegram, self.settings.chat_id or 0, current=current)
-        if outcome is MenuSync.FAILED:
-            logger.bind(phase="startup").warning("command menu not set ({}); the commands still work", detail)
-        elif outcome is MenuSync.SET:
-            logger.bind(phase="startup").info("command menu set for the chat")
-
     async def _provision_control_topic(self, stop: asyncio.Event) -> bool:
         """The control topic is needed before followers are accepted; retry until Telegram allows it."""
-        assert self.services is not None
+        assert self.running is not None
         backoff = Backoff(initial=1.0, maximum=60.0)
         while not stop.is_set() and not self.lost.is_set():
             try:
-                await self.services.registrations.provision_control_topic()
+                await self.running.provision_control_topic()
                 return True
             except (TopicCreationFailed, SlotUnavailable, RotationBlocked, AdmissionBlocked) as exc:
                 fix = setup_fix(str(exc), self.settings.chat_id or 0) if isinstance(exc, TopicCreationFailed) else None
@@ -347,7 +406,7 @@ class Leadership:
                     "(a proxy, a firewall) and TOPICBUS_API_BASE_URL", f"{self.settings.api_base_url}<token>/",
                     type(exc).__name__, redact_bot_urls(str(exc)), delay)
                 await sleep_or_stop(delay, stop)
-                if not await self._leases.refresh(self.term.authority(), self.term.now_ms()):
+                if not await self._leases.refresh(self.term.authority(), self._clock.now_ms()):
                     self._lose()
                     return False
         return False
@@ -357,8 +416,8 @@ class Leadership:
         if self._polled_once:  # a restarted poller: the startup window is not opened again
             return
         self._polled_once = True
-        if self.services is not None:
-            self.services.display.startup.arm(self.settings.follower_stale_after_ms / 1000)
+        if self.running is not None:
+            self.running.startup.arm(self.settings.follower_stale_after_ms / 1000)
         logger.bind(phase="startup").info("polling Telegram as leader (epoch {})", self.term.epoch)
 
     async def _wait_until_done(self, stop: asyncio.Event) -> None:
@@ -376,34 +435,12 @@ class Leadership:
         self.lost.set()
         self.term.revoke()
 
-    async def _freeze_heap(self, context: ContextTypes.DEFAULT_TYPE) -> None:
-        """Everything the start built (PTB, handlers, services) lives as long as the term: keep it out
-        of the cyclic collector's scans so collections on the routing path stay short. Run once, a
-        moment after the start, so that readiness does not wait for the full collection before it."""
-        gc.collect()
-        gc.freeze()
-
-    async def _refresh_lease(self, context: ContextTypes.DEFAULT_TYPE) -> None:
-        authority = self.term.current()
-        if authority is None:
-            return
-        try:
-            still = await self._leases.refresh(authority, self.term.now_ms())
-        except Exception as exc:  # noqa: BLE001 - a busy database: try again next tick
-            logger.bind(phase="lease").warning("lease refresh failed ({}); will retry", type(exc).__name__)
-            self.health.lease_failed(f"{type(exc).__name__}: {exc}"[:200])
-            return
-        if not still:
-            self._lose()
-        else:
-            self.health.lease_refreshed()
-
-    def _journaled_batch(self, services: LeaderServices) -> Callable[[float], AbstractAsyncContextManager[None]]:
+    def _journaled_batch(self, running: RunningTerm) -> Callable[[float], AbstractAsyncContextManager[None]]:
         """The router's inbound batch, reporting to the health whether the journal took it."""
         @asynccontextmanager
         async def batch(received_at: float) -> AsyncIterator[None]:
             try:
-                async with services.router.inbound_batch(received_at):
+                async with running.inbound_batch(received_at):
                     yield
             except StorageUnavailable as exc:
                 self.health.journal_failed(str(exc)[:200])
@@ -412,37 +449,22 @@ class Leadership:
 
         return batch
 
-    async def _purge(self, context: ContextTypes.DEFAULT_TYPE) -> None:
-        if self.services is not None:
-            journal, outbox = await self.services.router.purge_history(HISTORY_KEEP_MS)
-            if journal or outbox:
-                logger.bind(phase="purge").info("purged {} delivered messages and {} sent outputs", journal, outbox)
-            # A press on a keyboard older than this is answered as stale.
-            keyboards = await self.services.keyboards.repo.purge(self.term.now_ms() - HISTORY_KEEP_MS,
-                                                                 self.term.authority())
-            if keyboards:
-                logger.bind(phase="purge").info("purged {} inline keyboards", keyboards)
-
-    async def _prune(self, context: ContextTypes.DEFAULT_TYPE) -> None:
-        if self.services is not None:
-            await self.services.pruner.tick()
-
     async def _handler_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         if context.error is not None and update is not None:
             logger.bind(phase="handler").opt(exception=context.error).warning("update handler failed")
         elif context.error is not None:
             logger.bind(phase="job").opt(exception=context.error).warning("job failed")
 
-    async def _teardown(self, app: Application, services: LeaderServices) -> None:
+    async def _teardown(self, app: Application, running: RunningTerm) -> None:
         self.health.end_term()
         await self.server.unpublish("standby" if self.lost.is_set() else "stopping")
-        services.display.cancel()
+        running.stop_title_passes()
         if self.poller is not None:
             await self.poller.stop()
         if self._jobs is not None and not await self._jobs.settle(JOBS_SETTLE_S):
             logger.bind(phase="shutdown").warning("{} job(s) still running after {:g} s; stopping anyway",
                                                   self._jobs.running, JOBS_SETTLE_S)
-        await close_term(services)
+        await running.close()
         try:
             if app.running:
                 await app.stop()

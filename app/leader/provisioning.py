@@ -14,16 +14,17 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from topicbus.bot.gateway import Outcome
+from topicbus.ports.store import Store
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
+from topicbus.core.telegram import CallOutcome
 from topicbus.leader.outbound import ScheduledGateway
 from topicbus.core.display import DisplayBinding, initial_display_title
 from topicbus.core.slots import FreeSlot, Protection, SlotCandidate, plan_slot_allocation, to_durable_slot
 from topicbus.core.workspace import WorkspaceIdentity
 from topicbus.leader.preferences import Preferences
-from topicbus.leader.term import LeaderTerm
-from topicbus.storage.bindings import Binding, BindingRepository, OwnerRecord
-from topicbus.storage.db import Authority
-from topicbus.storage.outbox import OutboxRepository
+from topicbus.core.bindings import Binding, OwnerRecord
+from topicbus.core.authority import Authority
 
 
 class SlotUnavailable(Exception):
@@ -47,11 +48,14 @@ class ProvisionRequest:
 
 
 class TopicProvisioner:
-    def __init__(self, term: LeaderTerm, gateway: ScheduledGateway, preferences: Preferences, *,
-                 output_moved: Callable[[], None]):
-        self._term = term
+    def __init__(self, gateway: ScheduledGateway, preferences: Preferences, *,
+                 output_moved: Callable[[], None], store: Store, clock: Clock, events: EventJournal, chat_id: int):
+        self._store = store
+        self._clock = clock
+        self._events = events
+        self._chat_id = chat_id
         self._output_moved = output_moved  # the outbound scheduler reads the outbox's topics again
-        self._bindings = BindingRepository(term.db)
+        self._bindings = store.bindings
         self._gateway = gateway
         self._preferences = preferences
         self.gate = asyncio.Lock()
@@ -70,17 +74,17 @@ class TopicProvisioner:
                 binding = await self._reserve(request, authority)
             title = await self._initial_title(binding)
             result = await self._gateway.create_topic(binding.chat_id, title)
-            if result.outcome is not Outcome.OK:
+            if result.outcome is not CallOutcome.OK:
                 raise TopicCreationFailed(f"Telegram did not create the topic ({result.outcome}): {result.message}")
             thread_id = int(result.value)
-            async with self._term.unit_of_work(authority) as uow:
-                await BindingRepository.set_topic_tx(uow, key, thread_id=thread_id, display_title=title,
-                                                     now_ms=self._term.now_ms())
+            async with self._store.unit_of_work(authority) as uow:
+                await uow.bindings.set_topic(key, thread_id=thread_id, display_title=title,
+                                                     now_ms=self._clock.now_ms())
                 if request.owner is not None:
-                    await BindingRepository.set_owner_tx(uow, request.owner)
-                await BindingRepository.mark_active_tx(uow, key)
+                    await uow.bindings.set_owner(request.owner)
+                await uow.bindings.mark_active(key)
                 # Its undelivered output follows it to the new topic, in the same commit.
-                moved = await OutboxRepository.retarget_tx(uow, key, thread_id)
+                moved = await uow.outbox.retarget(key, thread_id)
             if moved:
                 self._output_moved()
             fresh = await self._bindings.get(key)
@@ -93,36 +97,36 @@ class TopicProvisioner:
         Telegram will not reopen, is replaced by a new one (the caller creates it). Raises
         :class:`TopicCreationFailed` when Telegram's answer is unknown (the registration is retried)."""
         assert binding.thread_id is not None
-        result = await self._gateway.reopen_topic(binding.chat_id, binding.thread_id)
-        self._term.events.record("Reopening a closed topic before binding it again", phase="topic-reopen",
+        result = await self._gateway.reopen_topic(binding.target)
+        self._events.record("Reopening a closed topic before binding it again", phase="topic-reopen",
                                  threadId=binding.thread_id, outcome=str(result.outcome))
-        if result.outcome in (Outcome.AMBIGUOUS, Outcome.RETRY_AFTER):
+        if result.outcome in (CallOutcome.AMBIGUOUS, CallOutcome.RETRY_AFTER):
             raise TopicCreationFailed(f"Telegram did not reopen the closed topic ({result.outcome}): {result.message}")
-        async with self._term.unit_of_work(authority) as uow:
+        async with self._store.unit_of_work(authority) as uow:
             if result.ok:
-                await BindingRepository.set_topic_state_tx(uow, binding.binding_key, "open")
+                await uow.bindings.set_topic_state(binding.binding_key, "open")
             else:  # gone, or refused: the binding keeps its slot and name and gets a new topic
-                await BindingRepository.set_topic_state_tx(uow, binding.binding_key, "deleted")
+                await uow.bindings.set_topic_state(binding.binding_key, "deleted")
         fresh = await self._bindings.get(binding.binding_key)
         assert fresh is not None
         return fresh
 
     async def _commit_owner(self, binding: Binding, request: ProvisionRequest, authority: Authority) -> None:
-        async with self._term.unit_of_work(authority) as uow:
+        async with self._store.unit_of_work(authority) as uow:
             if request.owner is not None:
-                await BindingRepository.set_owner_tx(uow, request.owner)
-            await BindingRepository.mark_active_tx(uow, binding.binding_key)
+                await uow.bindings.set_owner(request.owner)
+            await uow.bindings.mark_active(binding.binding_key)
 
     async def _reserve(self, request: ProvisionRequest, authority: Authority) -> Binding:
         """Durably reserve a slot for a new binding before any Telegram call (no topic yet)."""
-        now = self._term.now_ms()
-        async with self._term.unit_of_work(authority) as uow:
+        now = self._clock.now_ms()
+        async with self._store.unit_of_work(authority) as uow:
             # The planner is the one allocator: a free letter is taken here; when every letter is
             # held, the capacity runner (rotation) decides what may be retired, with full evidence.
             # A letter under a retirement fence still belongs to the victim's binding row until the
             # commit that removes binding, intent and fence together, so it is never taken here.
             held = [SlotCandidate(key, slot.lower(), None, Protection.PROTECTED)
-                    for key, slot in (await BindingRepository.slots_tx(uow)).items()]
+                    for key, slot in (await uow.bindings.slots()).items()]
             plan = plan_slot_allocation(held, (), now)
             if not isinstance(plan, FreeSlot):
                 raise SlotUnavailable()
@@ -130,11 +134,11 @@ class TopicProvisioner:
             identity = request.identity
             binding = Binding(
                 binding_key=identity.binding_key, kind=request.kind, host_id=identity.host_id, cwd=identity.cwd,
-                session=identity.session, slot=slot, chat_id=self._term.chat_id, thread_id=None, topic_state="deleted",
+                session=identity.session, slot=slot, chat_id=self._chat_id, thread_id=None, topic_state="deleted",
                 thread_name=request.thread_name, manual_name=request.manual_name, display_title=None, inactive_since_ms=None,
                 offline_notified=False, created_at_ms=now, updated_at_ms=now,
             )
-            await BindingRepository.insert_tx(uow, binding)
+            await uow.bindings.insert(binding)
             return binding
 
     async def _initial_title(self, binding: Binding) -> str:

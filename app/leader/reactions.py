@@ -25,7 +25,7 @@ from typing import Any
 from loguru import logger
 
 from topicbus.core.records import MediaItem, MessageItem
-from topicbus.storage.journal import JournalItem
+from topicbus.core.journal import JournalItem
 
 #: ``react(chat_id, message_id, emoji)``: set one reaction; the answer is the gateway's CallResult.
 ReactPort = Callable[[int, int, str], Awaitable[Any]]

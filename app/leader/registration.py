@@ -16,6 +16,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from topicbus.ports.store import Admission, Store
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
 from topicbus.core.mutations import FollowerMutationQueue
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.registry import FollowerRecord
@@ -24,21 +27,26 @@ from topicbus.core.workspace import WorkspaceIdentity, default_thread_name
 from topicbus.leader.provisioning import ProvisionRequest, SlotUnavailable, TopicCreationFailed, TopicProvisioner
 from topicbus.leader.roster import Roster
 from topicbus.leader.rotation import RotationBlocked, SlotRotation
-from topicbus.leader.term import LeaderTerm
+from topicbus.leader.term import LeaderTerm, TermTasks
 from topicbus.leader.topics import CONTROL_TOPIC_TITLE, ControlTopic, TopicCache, TopicsBeingBound
 from topicbus.core.records import HeartbeatResult, RegistrationResult, Superseded
 from topicbus.protocol import ErrorCode, FollowerRequest, ProtocolError, Registration, check_compatibility
-from topicbus.storage.admission import PROFILE, AdmissionBlocked, AdmissionLedger, Scope
-from topicbus.storage.bindings import BindingRepository, OwnerRecord
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.admission import AdmissionBlocked, PROFILE, Scope
+from topicbus.core.bindings import OwnerRecord
+from topicbus.core.authority import AuthorityLost
 
 
 class Registrations:
     def __init__(self, *, term: LeaderTerm, roster: Roster, provisioner: TopicProvisioner, rotation: SlotRotation,
-                 admission: AdmissionLedger, mutations: FollowerMutationQueue, pruner: FollowerPruner,
+                 admission: Admission, mutations: FollowerMutationQueue, pruner: FollowerPruner,
                  titles: TopicCache, control: ControlTopic, on_roster_change: Callable[[], None],
-                 being_bound: TopicsBeingBound | None = None):
+                 being_bound: TopicsBeingBound | None = None, store: Store, clock: Clock, events: EventJournal,
+                 tasks: TermTasks, chat_id: int):
         self._term = term
+        self._clock = clock
+        self._events = events
+        self._tasks = tasks
+        self._chat_id = chat_id
         self._being_bound = being_bound or TopicsBeingBound()
         self._roster = roster
         self._provisioner = provisioner
@@ -49,7 +57,7 @@ class Registrations:
         self._titles = titles
         self._control = control
         self._on_roster_change = on_roster_change
-        self._bindings = BindingRepository(term.db)
+        self._bindings = store.bindings
         self.count = 0
 
     # --- followers --------------------------------------------------------------------------------
@@ -88,7 +96,7 @@ class Registrations:
         authority = self._term.authority()
         self._pruner.forget_instance(req.instance_id)
         key = identity.binding_key
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         owner = OwnerRecord(binding_key=key, instance_id=req.instance_id,
                             registration_generation=req.registration_generation or "", pid=req.pid,
                             process_birth_id=req.process_birth_id, host_id=req.host_id, updated_at_ms=now)
@@ -101,7 +109,7 @@ class Registrations:
             binding, created = await self._provisioner.provision(request, authority)
             if not self._term.is_current(authority):
                 raise AuthorityLost("follower registration lost leader ownership")
-            now = self._term.now_ms()
+            now = self._clock.now_ms()
             record = FollowerRecord(
                 instance_id=req.instance_id, registration_generation=req.registration_generation or "", pid=req.pid,
                 process_birth_id=req.process_birth_id, host_id=req.host_id, profile_key=key,
@@ -112,12 +120,12 @@ class Registrations:
             )
             superseded = self._roster.publish(record, connection)
         for old, conn in superseded:
-            await _tell_superseded(self._term, old, conn)
+            await _tell_superseded(self._tasks, old, conn)
         self._titles.invalidate(key)
         self.count += 1
-        self._term.events.record("Follower registered", phase="follower-registered", instanceId=req.instance_id,
+        self._events.record("Follower registered", phase="follower-registered", instanceId=req.instance_id,
                                  slot=binding.slot, threadId=binding.thread_id, created=created)
-        self._term.spawn(self._roster.hub.kick(key))
+        self._tasks.spawn(self._roster.hub.kick(key))
         self._on_roster_change()
         assert binding.thread_id is not None and binding.slot is not None  # provisioned: a live topic, a letter
         return RegistrationResult(chat_id=binding.chat_id, thread_id=binding.thread_id, slot=binding.slot,
@@ -139,14 +147,14 @@ class Registrations:
             # Its topic is gone (Telegram said so): register again, and a new topic is made.
             self._roster.drop(entry.instance_id)
             raise ProtocolError(ErrorCode.UNKNOWN_INSTANCE, "The follower's topic is gone; register again.")
-        self._roster.registry.heartbeat(entry.instance_id, self._term.now_ms())
+        self._roster.registry.heartbeat(entry.instance_id, self._clock.now_ms())
         return HeartbeatResult(await self._titles.title(key))
 
     async def restore_roster(self) -> int:
         """A new term: followers that owned topics under the previous leader are put back in the
         roster with a fresh heartbeat clock. Those that come back register again; those that do not
         are pruned after the stale window and go through the same death proof as any other."""
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         owner_rows, bindings = await asyncio.gather(self._bindings.owners(), self._bindings.all())
         owners = {o.binding_key: o for o in owner_rows}
         restored = 0
@@ -163,7 +171,7 @@ class Registrations:
                 connected_at_ms=now, last_heartbeat_ms=now))
             restored += 1
         if restored:
-            self._term.events.record("Restored the follower roster of the previous leader", phase="roster-restore",
+            self._events.record("Restored the follower roster of the previous leader", phase="roster-restore",
                                      followers=restored)
         return restored
 
@@ -176,20 +184,20 @@ class Registrations:
 
         async def provision() -> Any:
             return await self._admission.run(f"leader-provision:{authority.owner}", "workspace.provision-leader",
-                                             [Scope("chat", self._term.chat_id)],
+                                             [Scope("chat", self._chat_id)],
                                              lambda: self._provisioner.provision(request, authority))
 
         binding, created = await self._rotation.run(provision)
         self._control.binding_key = binding.binding_key
         self._control.thread_id = binding.thread_id
-        self._term.events.record("Control topic ready", phase="leader-provision", slot=binding.slot,
+        self._events.record("Control topic ready", phase="leader-provision", slot=binding.slot,
                                  threadId=binding.thread_id, created=created)
 
 
-async def _tell_superseded(term: LeaderTerm, old: FollowerRecord, conn: Any) -> None:
+async def _tell_superseded(tasks: TermTasks, old: FollowerRecord, conn: Any) -> None:
     try:
         await conn.send_frame(Superseded(old.instance_id,
                                          "A newer registration with the same workspace identity took over."))
     except Exception:  # noqa: BLE001 - the old socket may already be gone
         pass
-    term.spawn(conn.close(4001, "superseded"))
+    tasks.spawn(conn.close(4001, "superseded"))

@@ -12,7 +12,8 @@ import asyncio
 from typing import Any
 
 from topicbus.core.registry import FollowerRecord, FollowerRegistry
-from topicbus.leader.delivery import DeliveryHub, FollowerConnection
+from topicbus.leader.delivery import DeliveryHub
+from topicbus.ports.bus import FollowerConnection
 
 PRUNED_CLOSE_CODE = 4002  # the follower reconnects and registers again (docs/protocol.md)
 

@@ -23,26 +23,27 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from topicbus.bot.gateway import Outcome
+from topicbus.ports.store import Admission, Store
+from topicbus.logsetup import EventJournal
+from topicbus.core.clock import Clock
+from topicbus.core.telegram import CallOutcome
 from topicbus.leader.outbound import ScheduledGateway
-from topicbus.core.retirement import (AcquireFence, AdoptFence, Cancel, Commit, DeleteTopic, DropIntent, FenceView,
-                                      Finish, IntentView, IssueDeletion, MarkCommitReady, MarkRejected, PrepareIntent,
-                                      ProbeTopic, RemoveFence, RestampIntent, RetirementState, RotationResult,
-                                      next_step)
+from topicbus.core.retirement import (AcquireFence, AdoptFence, Cancel, Commit, DeleteTopic, DeletionAnswer,
+                                      DropIntent, FenceView, Finish, IntentView, IssueDeletion, MarkCommitReady,
+                                      MarkRejected, PrepareIntent, ProbeTopic, RemoveFence, RestampIntent,
+                                      RetirementState, RotationResult, next_step)
+from topicbus.core.target import Target
 from topicbus.core.slots import (Evidence, ExternalEvidence, LocalOccupancy, OccupancyBinding, Protection,
                                  capture_occupancy)
 from topicbus.core.status import FenceStatus, IntentStatus, RotationCandidate, RotationStatus
 from topicbus.core.target import Target
 from topicbus.leader.provisioning import SlotUnavailable
 from topicbus.leader.roster import Roster
-from topicbus.leader.term import LeaderTerm
-from topicbus.storage.admission import AdmissionLedger, Fence
-from topicbus.storage.bindings import Binding, BindingRepository
-from topicbus.storage.cleanups import CleanupRepository
-from topicbus.storage.db import Authority
-from topicbus.storage.journal import JournalRepository
-from topicbus.storage.outbox import OutboxRepository
-from topicbus.storage.retirement import RetirementIntent, RetirementRepository
+from topicbus.leader.term import LeaderTerm, new_operation_id
+from topicbus.core.admission import Fence
+from topicbus.core.bindings import Binding
+from topicbus.core.authority import Authority
+from topicbus.core.retirement import RetirementIntent
 
 T = TypeVar("T")
 MAX_STEPS = 32  # one retirement takes about ten; more means a bug, and the rotation retains (fails closed)
@@ -57,20 +58,24 @@ class SimulatedCrash(Exception):
 
 
 class SlotRotation:
-    def __init__(self, *, term: LeaderTerm, roster: Roster, admission: AdmissionLedger, gateway: ScheduledGateway,
-                 gate: asyncio.Lock, checkpoint: Callable[[str], Awaitable[None] | None] = lambda step: None):
+    def __init__(self, *, term: LeaderTerm, roster: Roster, admission: Admission, gateway: ScheduledGateway,
+                 gate: asyncio.Lock, checkpoint: Callable[[str], Awaitable[None] | None] = lambda step: None,
+                 store: Store, clock: Clock, events: EventJournal, new_id: Callable[[], str] = new_operation_id):
         self._term = term
+        self._store = store
+        self._clock = clock
+        self._new_id = new_id
         self._roster = roster
         self._admission = admission
         self._gateway = gateway
-        self._events = term.events
+        self._events = events
         self._gate = gate  # the provisioner's gate: no slot is claimed while a retirement runs
         self._runner_gate = asyncio.Lock()
-        self._bindings = BindingRepository(term.db)
-        self._intents = RetirementRepository(term.db)
-        self._journal = JournalRepository(term.db)
-        self._cleanups = CleanupRepository(term.db)
-        self._outbox = OutboxRepository(term.db)
+        self._bindings = store.bindings
+        self._intents = store.retirements
+        self._journal = store.journal
+        self._cleanups = store.cleanups
+        self._outbox = store.outbox
         self.checkpoint = checkpoint
         self.retired = 0
 
@@ -121,7 +126,7 @@ class SlotRotation:
     async def _run(self, authority: Authority, *, prepare: bool) -> RotationResult:
         """The executor: observe, decide (pure), act — until the step function finishes."""
         issued = False
-        outcome: Any = None
+        outcome: DeletionAnswer | None = None
         for _ in range(MAX_STEPS):
             intents, fence = await asyncio.gather(self._intents.all(), self._admission.fence())
             state = await self._observe(authority, prepare, intents, fence, issued, outcome)
@@ -147,8 +152,8 @@ class SlotRotation:
                 await self._checkpoint("intent-written")
             elif isinstance(action, RestampIntent):
                 assert intent is not None
-                async with self._term.unit_of_work(authority) as uow:
-                    await RetirementRepository.set_epoch_tx(uow, intent.id, authority.epoch)
+                async with self._store.unit_of_work(authority) as uow:
+                    await uow.retirements.set_epoch(intent.id, authority.epoch)
             elif isinstance(action, Commit):
                 assert intent is not None
                 await self._commit(intent, fence, authority)
@@ -157,13 +162,13 @@ class SlotRotation:
                 assert intent is not None
                 if action.remove_fence and fence is not None:
                     await self._admission.remove_fence(authority, fence, phases=("fenced",))
-                async with self._term.unit_of_work(authority) as uow:
-                    await RetirementRepository.remove_tx(uow, intent.id)
+                async with self._store.unit_of_work(authority) as uow:
+                    await uow.retirements.remove(intent.id)
                 return RotationResult("retained", "protection-changed")
             elif isinstance(action, AcquireFence):
                 assert intent is not None
                 acquired = await self._admission.acquire_fence(
-                    authority, operation_id=self._term.new_id(), intent_id=intent.id, binding_key=intent.binding_key,
+                    authority, operation_id=self._new_id(), intent_id=intent.id, binding_key=intent.binding_key,
                     slot=intent.slot, chat_id=intent.chat_id, thread_id=intent.thread_id or 0,
                     leader_epoch=authority.epoch)
                 if isinstance(acquired, str):
@@ -200,7 +205,7 @@ class SlotRotation:
         return RotationResult("retained", "no-progress")
 
     async def _observe(self, authority: Authority, prepare: bool, intents: list[RetirementIntent],
-                       fence: Fence | None, issued: bool, outcome: Any) -> RetirementState:
+                       fence: Fence | None, issued: bool, outcome: DeletionAnswer | None) -> RetirementState:
         read: dict[str, Binding | None] = {}  # each binding read once per observation (fence and intent share it)
 
         async def binding(key: str) -> Binding | None:
@@ -223,7 +228,7 @@ class SlotRotation:
         plan = None
         if not intents and prepare:
             snapshot, _ = await self._snapshot(None, intents, fence)
-            plan = snapshot.plan(self._term.now_ms())
+            plan = snapshot.plan(self._clock.now_ms())
         return RetirementState(owner=self._admission.owner, epoch=authority.epoch, prepare=prepare,
                                term_current=self._term.is_current(authority), intents=tuple(views), fence=fence_view,
                                plan=plan, issued=issued, outcome=outcome)
@@ -235,45 +240,46 @@ class SlotRotation:
         intent = RetirementIntent(id=RetirementIntent.make_id(victim), binding_key=victim.binding_key,
                                   binding=victim, slot=victim.slot or "", chat_id=victim.chat_id,
                                   thread_id=victim.thread_id if victim.has_live_topic else None,
-                                  leader_epoch=authority.epoch, requested_at_ms=self._term.now_ms())
-        async with self._term.unit_of_work(authority) as uow:
-            if await BindingRepository.get_tx(uow, victim.binding_key) != victim:
+                                  leader_epoch=authority.epoch, requested_at_ms=self._clock.now_ms())
+        async with self._store.unit_of_work(authority) as uow:
+            if await uow.bindings.get(victim.binding_key) != victim:
                 return False
-            await RetirementRepository.insert_tx(uow, intent)
+            await uow.retirements.insert(intent)
         return True
 
-    async def _delete_once(self, intent: RetirementIntent) -> str:
+    async def _delete_once(self, intent: RetirementIntent) -> DeletionAnswer:
         if intent.thread_id is None:
             return "absent"  # the topic was already deleted (cleanup); nothing to ask Telegram
-        result = await self._gateway.delete_topic(intent.chat_id, intent.thread_id)
-        if result.outcome in (Outcome.OK, Outcome.GONE):
+        result = await self._gateway.delete_topic(intent.target)
+        if result.outcome in (CallOutcome.OK, CallOutcome.GONE):
             return "absent"
-        if result.outcome in (Outcome.REJECTED, Outcome.RETRY_AFTER, Outcome.NOT_MODIFIED):
+        if result.outcome in (CallOutcome.REJECTED, CallOutcome.RETRY_AFTER, CallOutcome.NOT_MODIFIED):
             return "rejected"
         return "unknown"
 
-    async def _probe(self, intent: RetirementIntent) -> str:
+    async def _probe(self, intent: RetirementIntent) -> DeletionAnswer:
         """Non-destructive visibility probe of the exact thread whose deletion outcome is unknown."""
         if intent.thread_id is None:
             return "absent"
-        result = await self._gateway.send_chat_action(intent.chat_id, intent.thread_id, "typing")
-        answer = {Outcome.GONE: "absent", Outcome.OK: "present"}.get(result.outcome, "unknown")
+        result = await self._gateway.send_chat_action(intent.target, "typing")
+        answer: DeletionAnswer = "absent" if result.outcome is CallOutcome.GONE else (
+            "present" if result.outcome is CallOutcome.OK else "unknown")
         self._events.record("Probed a topic whose deletion outcome was unknown", phase="workspace-rotation-probe",
                             threadId=intent.thread_id, answer=answer)
         return answer
 
     async def _commit(self, intent: RetirementIntent, fence: Fence | None, authority: Authority) -> None:
-        async with self._term.unit_of_work(authority) as uow:
-            await BindingRepository.delete_tx(uow, intent.binding_key)
-            await RetirementRepository.remove_tx(uow, intent.id)
+        async with self._store.unit_of_work(authority) as uow:
+            await uow.bindings.delete(intent.binding_key)
+            await uow.retirements.remove(intent.id)
             if fence is not None:
-                await self._admission.remove_fence_tx(uow, fence, phases=("commit-ready", "deletion-issued"))
+                await uow.admission.remove_fence(fence, phases=("commit-ready", "deletion-issued"))
 
     async def _cancel(self, fence: Fence, authority: Authority, cancelled: RotationResult) -> RotationResult:
         """A proven rejection: withdraw the intent and release the fence; the binding is kept."""
-        async with self._term.unit_of_work(authority) as uow:
-            await RetirementRepository.remove_tx(uow, fence.retirement_intent_id)
-            removed = await self._admission.remove_fence_tx(uow, fence, phases=("deletion-rejected",))
+        async with self._store.unit_of_work(authority) as uow:
+            await uow.retirements.remove(fence.retirement_intent_id)
+            removed = await uow.admission.remove_fence(fence, phases=("deletion-rejected",))
         if not removed:
             return RotationResult("retained", "fence-release-unconfirmed")
         self._events.record("Slot retirement cancelled after Telegram refused the deletion",
@@ -318,7 +324,7 @@ class SlotRotation:
 
         snapshot = capture_occupancy(
             [OccupancyBinding(b.binding_key, b.slot, _target(b), b.inactive_since_ms) for b in bindings.values()],
-            local, external, self._term.now_ms(), [fence.slot] if fence else [])
+            local, external, self._clock.now_ms(), [fence.slot] if fence else [])
         return snapshot, bindings
 
     async def occupancy(self) -> RotationStatus:

@@ -32,11 +32,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from loguru import logger
 
-from topicbus.bot.gateway import FileStream
 from topicbus.core.records import EditItem, InboundItem, SendResult, TextMessage
+from topicbus.core.target import Target
+from topicbus.ports.store import Store, UnitOfWork
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
+from topicbus.ports.telegram import FileDownload
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.startup import StartupWindow, Timers
-from topicbus.leader.delivery import FollowerConnection
+from topicbus.ports.bus import FollowerConnection
 from topicbus.leader.inbound import combine_album, too_large_files, too_large_notice
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundScheduler, ScheduledGateway
@@ -46,10 +50,8 @@ from topicbus.leader.topics import TopicsBeingBound
 from topicbus.leader.transcription import TRANSCRIBE, Cause, Transcriber
 from topicbus.core.formatting import utf16_len
 from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES, ErrorCode, ProtocolError, SendRequest
-from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.db import Authority, AuthorityLost, UnitOfWork
-from topicbus.storage.journal import JournalItem, JournalRepository
-from topicbus.storage.outbox import OutboxRepository, item_size
+from topicbus.core.authority import Authority, AuthorityLost
+from topicbus.core.journal import JournalItem
 
 # A follower whose socket dropped (not pruned: its heartbeats were recent) reconnects within seconds;
 # an owner message meanwhile tells the owner it is offline only if it is still absent after this
@@ -94,8 +96,11 @@ class Router:
                  outbound: OutboundScheduler, *, timers: Timers | None = None,
                  album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None,
                  transcriber: Transcriber | None = None, startup: StartupWindow | None = None,
-                 reconnect_grace_s: float = RECONNECT_GRACE_S):
+                 reconnect_grace_s: float = RECONNECT_GRACE_S, store: Store, clock: Clock, events: EventJournal):
         self._term = term
+        self._store = store
+        self._clock = clock
+        self._events = events
         # After a leader start, agents are still reconnecting: no one is told an agent is offline
         # until the startup window ends, and then only about agents still absent.
         self._startup = startup
@@ -113,17 +118,22 @@ class Router:
         self._notices = notices
         self._outbound = outbound
         self._backlog: dict[str, list[int]] = {}  # binding key -> [items, bytes], an upper bound
-        self._bindings = BindingRepository(term.db)
-        self.journal = JournalRepository(term.db)
-        self.outbox = OutboxRepository(term.db)
+        self._bindings = store.bindings
+        self.journal = store.journal
+        self.outbox = store.outbox
         self._batch: list[Row] | None = None
         self._batch_received_at: float | None = None
         self._journal_lock = asyncio.Lock()
-        self._target_cache: dict[tuple[int, int], str] = {}
+        self._target_cache: dict[Target, str] = {}
         self.latency = LatencyWindow()
         self.stats = {"routed": 0, "duplicates": 0, "ignored": 0}
 
     # --- inbound ----------------------------------------------------------------------------------
+    @property
+    def routed(self) -> int:
+        """Owner items routed (journaled for a follower) in this term."""
+        return self.stats["routed"]
+
     async def start(self) -> None:
         """A new term: albums left gathering by the previous leader are sealed one window from now."""
         for binding_key, group in await self.journal.gathering_groups():
@@ -141,13 +151,13 @@ class Router:
         for binding_key in sorted(pending - owned):
             binding = await self._bindings.get(binding_key)
             if binding is not None and binding.kind == "follower" and binding.has_live_topic:
-                self._outbound.stream_ends(binding.chat_id, binding.thread_id)
+                self._outbound.stream_ends(binding.target)
 
     async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
                                   payload: InboundItem, *, media_group: str | None = None) -> RouteResult:
         """Journal one owner item (message, media, edit) for the binding of its topic, then deliver
         it. ``media_group``: the album this part belongs to (delivered with its album, once)."""
-        binding_key = await self.binding_for_topic(chat_id, thread_id)
+        binding_key = await self.binding_for_topic(Target(chat_id, thread_id))
         if binding_key is None:
             self.stats["ignored"] += 1
             return RouteResult(False, "unknown-topic")
@@ -169,7 +179,7 @@ class Router:
                 return record
         return None
 
-    async def binding_for_topic(self, chat_id: int, thread_id: int) -> str | None:
+    async def binding_for_topic(self, topic: Target) -> str | None:
         """The follower binding that owns a topic. Thread ids are never reused by Telegram, so a
         found mapping stays true for as long as that topic can send updates; only hits are cached
         (a topic created later is looked up in the store).
@@ -177,23 +187,23 @@ class Router:
         A topic not found while a registration runs may be the one it is creating: Telegram can
         send its first message before the binding commits. Then the lookup is repeated once every
         registration running has finished, so that message is routed, not dropped."""
-        cached = self._target_cache.get((chat_id, thread_id))
+        cached = self._target_cache.get(topic)
         if cached is not None:
             return cached
         mark = self._being_bound.mark()
-        binding = await self._bindings.by_target(chat_id, thread_id)
+        binding = await self._bindings.by_target(topic)
         if binding is None and self._being_bound.may_have_bound_since(mark):
             log = logger.bind(phase="routing")
-            log.debug("a message in thread {} waits for the registrations running", thread_id)
+            log.debug("a message in thread {} waits for the registrations running", topic.thread_id)
             await self._being_bound.settled()
-            binding = await self._bindings.by_target(chat_id, thread_id)
-            log.debug("a message in thread {} waited for the registrations running: {}", thread_id,
+            binding = await self._bindings.by_target(topic)
+            log.debug("a message in thread {} waited for the registrations running: {}", topic.thread_id,
                       "bound" if binding is not None else "still no binding")
         if binding is None or binding.kind != "follower":
             return None
         if len(self._target_cache) > TARGET_CACHE_LIMIT:
             self._target_cache.clear()
-        self._target_cache[(chat_id, thread_id)] = binding.binding_key
+        self._target_cache[topic] = binding.binding_key
         return binding.binding_key
 
     @asynccontextmanager
@@ -231,7 +241,7 @@ class Router:
         # Voice notes to transcribe are journaled held: delivery stops there until the transcript is in.
         verdicts = {row[0]: verdict for row in rows if (verdict := self._voice_verdict(row)) is not None}
         async with self._journal_lock:  # appends and their first delivery stay in journal order
-            items = await self.journal.append_many(rows, self._term.now_ms(), authority,
+            items = await self.journal.append_many(rows, self._clock.now_ms(), authority,
                                                    held={u for u, v in verdicts.items() if v == TRANSCRIBE})
             self.stats["routed"] += len(items)
             self.stats["duplicates"] += len(rows) - len(items)
@@ -283,10 +293,10 @@ class Router:
         await self.flush_batch()
         authority = self._term.authority()
         async with self._journal_lock:  # appends and their first delivery stay in journal order
-            async with self._term.unit_of_work(authority) as uow:
+            async with self._store.unit_of_work(authority) as uow:
                 if not await claim(uow):
                     return None
-                item = await JournalRepository.append_tx(uow, update_id, binding_key, payload, self._term.now_ms(),
+                item = await uow.journal.append(update_id, binding_key, payload, self._clock.now_ms(),
                                                          for_instance=for_instance)
             if item is None:
                 return None
@@ -332,7 +342,7 @@ class Router:
     async def _seal(self, binding_key: str, group: str) -> None:
         """Fold an album's parts into one item (one transaction), then deliver it."""
         try:
-            sealed = await self.journal.seal_group(binding_key, group, combine_album, self._term.now_ms(),
+            sealed = await self.journal.seal_group(binding_key, group, combine_album, self._clock.now_ms(),
                                                    self._term.authority(), parts_per_item=MAX_MEDIA_FILES)
         except AuthorityLost:
             return  # the next leader seals it when its term starts
@@ -369,11 +379,11 @@ class Router:
             except AuthorityLost:
                 return
             except Exception as exc:  # noqa: BLE001 - a notice is never worth failing the window's end
-                self._term.events.record(exc, phase="offline-notice", level="WARNING")
+                self._events.record(exc, phase="offline-notice", level="WARNING")
 
     async def _notify_offline(self, binding_key: str, authority: Authority) -> None:
-        async with self._term.unit_of_work(authority) as uow:
-            first = await BindingRepository.set_offline_notified_tx(uow, binding_key)
+        async with self._store.unit_of_work(authority) as uow:
+            first = await uow.bindings.set_offline_notified(binding_key)
         if first:
             await self._notices.post(binding_key, OFFLINE_NOTICE, authority=authority)
 
@@ -383,7 +393,7 @@ class Router:
             await self._roster.hub.receipt(entry.binding_key, delivery_id)
 
     @asynccontextmanager
-    async def open_document(self, file_id: str) -> AsyncIterator[FileStream | None]:
+    async def open_document(self, file_id: str) -> AsyncIterator[FileDownload | None]:
         """The bytes of a document an owner sent, streamed from Telegram while the block runs; only
         if it was routed to a follower (the bus is not a general proxy for Telegram files). None
         when it was not, or Telegram does not give it (unknown, over 20 MB, unreachable)."""
@@ -405,17 +415,17 @@ class Router:
         if (req.chat_id is not None and req.chat_id != target.chat_id) or (
                 req.thread_id is not None and req.thread_id != target.thread_id):
             raise ProtocolError(ErrorCode.FOREIGN_TARGET, "A follower may only post into its own topic.")
-        self._roster.registry.heartbeat(entry.instance_id, self._term.now_ms())
+        self._roster.registry.heartbeat(entry.instance_id, self._clock.now_ms())
         item = req.item
         key = entry.binding_key or ""
-        size = item_size(item)
+        size = self.outbox.item_size(item)
         await self._check_backlog(key, size)
         text = item if isinstance(item, TextMessage) else None
         try:
             outbox_id, added = await self.outbox.enqueue(
                 binding_key=key, chat_id=target.chat_id, thread_id=target.thread_id,
                 instance_id=entry.instance_id, request_id=req.request_id, item=item,
-                now_ms=self._term.now_ms(), authority=self._term.authority(),
+                now_ms=self._clock.now_ms(), authority=self._term.authority(),
                 units=utf16_len(text.text) if text is not None else 0,
                 fmt=text.format if text is not None else None, has_buttons=bool(text is not None and text.buttons))
         except AuthorityLost:
@@ -424,14 +434,14 @@ class Router:
             counted = self._backlog.setdefault(key, [0, 0])
             counted[0] += 1
             counted[1] += size
-        self._outbound.wake(target.chat_id, target.thread_id)
+        self._outbound.wake(target)
         return SendResult(outbox_id)
 
     def stream_ends(self, entry: FollowerRecord) -> None:
         """The follower leaves gracefully: its queued output is the end of its stream, sent as one
         notifying message where it fits (``core/output``)."""
         if entry.target is not None:
-            self._outbound.stream_ends(entry.target.chat_id, entry.target.thread_id)
+            self._outbound.stream_ends(entry.target)
 
     async def _check_backlog(self, binding_key: str, size: int) -> None:
         """The in-memory count only ever over-estimates (sent rows are not subtracted); when it says
@@ -450,6 +460,6 @@ class Router:
     async def purge_history(self, keep_ms: int) -> tuple[int, int]:
         """Drop delivered journal items and sent output older than ``keep_ms``."""
         authority = self._term.authority()
-        cutoff = self._term.now_ms() - keep_ms
+        cutoff = self._clock.now_ms() - keep_ms
         return (await self.journal.purge_delivered(cutoff, authority),
                 await self.outbox.purge_sent(cutoff, authority))

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from topicbus.core.status import (BindingStatus, CleanupStatus, Counters, FollowerStatus, ObservationStatus,
                                   StatusReport, TermStatus)
+from topicbus.ports.store import Store
+from topicbus.core.clock import Clock
+from topicbus.core.target import Target
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.leader.outbound import OutboundScheduler
 from topicbus.leader.preferences import Preferences
@@ -14,15 +17,15 @@ from topicbus.leader.rotation import SlotRotation
 from topicbus.leader.routing import Router
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import ControlTopic
-from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.cleanups import CleanupRepository, ScheduledCleanupRepository
 
 
 class StatusView:
     def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, control: ControlTopic,
                  router: Router, registrations: Registrations, outbound: OutboundScheduler, rotation: SlotRotation,
-                 pruner: FollowerPruner):
+                 pruner: FollowerPruner, store: Store, clock: Clock, chat_id: int):
         self._term = term
+        self._clock = clock
+        self._chat_id = chat_id
         self._roster = roster
         self._preferences = preferences
         self._control = control
@@ -31,12 +34,12 @@ class StatusView:
         self._outbound = outbound
         self._rotation = rotation
         self._pruner = pruner
-        self._bindings = BindingRepository(term.db)
-        self._cleanups = CleanupRepository(term.db)
-        self._scheduled = ScheduledCleanupRepository(term.db)
+        self._bindings = store.bindings
+        self._cleanups = store.cleanups
+        self._scheduled = store.scheduled_cleanups
 
     async def snapshot(self, role: str = "leader") -> StatusReport:
-        now = self._term.now_ms()
+        now = self._clock.now_ms()
         followers = self._roster.followers()
         by_binding = {f.binding_key: f for f in followers}
         queued = await self._router.journal.count_pending()
@@ -59,7 +62,7 @@ class StatusView:
                 state = "offline"
             else:
                 state = "preserved" if b.inactive_since_ms is not None else "detached"
-            outbox_items, outbox_units = backlog.get((b.chat_id, b.thread_id), (0, 0))
+            outbox_items, outbox_units = backlog.get(Target(b.chat_id, b.thread_id), (0, 0))
             bindings.append(BindingStatus(
                 binding_key=b.binding_key, slot=b.slot, title=b.title, thread_id=b.thread_id, kind=b.kind,
                 cwd=b.cwd, session=b.session, state=state, topic_state=b.topic_state,
@@ -69,7 +72,7 @@ class StatusView:
                 instance_id=live.instance_id if live else None,
                 deletes_in_ms=max(0, ending[b.binding_key].due_at_ms - now) if state == "ending" else None))
         term = TermStatus(
-            chat_id=self._term.chat_id,
+            chat_id=self._chat_id,
             cleanup_policy={True: "on", False: "off", None: "unknown"}[policy],
             display_mode=str(self._preferences.display_mode),
             control_thread_id=self._control.thread_id,

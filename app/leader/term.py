@@ -1,37 +1,34 @@
-"""One leadership term: the context every leader use case shares.
+"""One leadership term: its authority, and the background work that lasts as long as it.
 
 A term begins when this process acquires the leader lease (a new epoch) and ends when it stops or
-loses the lease. Use cases receive the :class:`LeaderTerm` instead of reaching into each other: it
-carries the authority (who leads, under which epoch), the clock, the source of operation ids, the
-chat, the event journal and the store's unit of work.
+loses the lease. :class:`LeaderTerm` is the term's authority source: who leads, under which epoch,
+and whether a mutation started under an authority may still act. Each use case gets it (when it
+starts mutations) beside what else it really uses — the store, the clock, the event journal —
+from the composition root (``leader/assembly.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 
-from topicbus.core.clock import Clock
-from topicbus.logsetup import EventJournal
-from topicbus.storage.db import Authority, AuthorityLost, Database, UnitOfWork
+from topicbus.core.authority import Authority, AuthorityLost
 
 
-@dataclass
+def new_operation_id() -> str:
+    """A fresh id for one operation (an admission hold, a notice, a prune observation…)."""
+    return str(uuid.uuid4())
+
+
 class LeaderTerm:
-    db: Database
-    clock: Clock
-    chat_id: int
-    events: EventJournal
-    owner: str
-    new_id: Callable[[], str] = field(default=lambda: str(uuid.uuid4()))
-    _authority: Authority | None = None
-    _background: set[asyncio.Task[Any]] = field(default_factory=set)
+    """The authority of this process's leadership term (None once the lease is lost)."""
 
-    # --- authority --------------------------------------------------------------------------------
+    def __init__(self, owner: str):
+        self.owner = owner
+        self._authority: Authority | None = None
+
     def begin(self, authority: Authority) -> None:
         if authority.owner != self.owner:
             raise ValueError("a term's authority must be its own lease")
@@ -58,22 +55,21 @@ class LeaderTerm:
     def epoch(self) -> int | None:
         return None if self._authority is None else self._authority.epoch
 
-    def unit_of_work(self, authority: Authority | None = None) -> AbstractAsyncContextManager[UnitOfWork]:
-        """A unit of work under ``authority`` (captured by the caller) or the term's current one."""
-        return self.db.unit_of_work(authority if authority is not None else self.authority())
 
-    def now_ms(self) -> int:
-        return self.clock.now_ms()
+class TermTasks:
+    """Background work of one term (a transcription, a notice sent later…), cancelled when it ends."""
 
-    # --- background work --------------------------------------------------------------------------
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` in the background for as long as the term lasts (cancelled by :meth:`close`)."""
         task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for task in list(self._background):
+        for task in list(self._tasks):
             task.cancel()
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -15,17 +15,20 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from topicbus.bot.gateway import Outcome
+from topicbus.ports.store import Admission, Store
+from topicbus.logsetup import EventJournal
+from collections.abc import Callable
+from topicbus.core.telegram import CallOutcome
 from topicbus.leader.outbound import ScheduledGateway
 from topicbus.core.display import DisplayBinding, DisplayMode, resolve_display_titles
 from topicbus.core.startup import StartupWindow, Timers
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.roster import Roster
-from topicbus.leader.term import LeaderTerm
-from topicbus.leader.topics import ControlTopic, TopicCache, mark_topic_gone
-from topicbus.storage.admission import PROFILE, AdmissionLedger
-from topicbus.storage.bindings import Binding, BindingRepository
-from topicbus.storage.db import Authority
+from topicbus.leader.term import LeaderTerm, new_operation_id
+from topicbus.leader.topics import ControlTopic, GoneTopics, TopicCache
+from topicbus.core.admission import PROFILE
+from topicbus.core.bindings import Binding
+from topicbus.core.authority import Authority
 
 DEBOUNCE_JOB_ID = "topicbus.display-debounce"
 DEBOUNCE_S = 1.0
@@ -40,9 +43,13 @@ class _EditAuthority:
 
 class DisplayReconciler:
     def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, control: ControlTopic,
-                 gateway: ScheduledGateway, admission: AdmissionLedger, timers: Timers, titles: TopicCache,
-                 debounce_s: float = DEBOUNCE_S):
+                 gateway: ScheduledGateway, admission: Admission, timers: Timers, titles: TopicCache,
+                 gone: GoneTopics, debounce_s: float = DEBOUNCE_S, store: Store, events: EventJournal,
+                 new_id: Callable[[], str] = new_operation_id):
         self._term = term
+        self._store = store
+        self._events = events
+        self._new_id = new_id
         self._roster = roster
         self._preferences = preferences
         self._control = control
@@ -50,7 +57,8 @@ class DisplayReconciler:
         self._admission = admission
         self._timers = timers
         self._titles = titles
-        self._bindings = BindingRepository(term.db)
+        self._gone = gone
+        self._bindings = store.bindings
         self._debounce_s = debounce_s
         self._lock = asyncio.Lock()
         self.startup = StartupWindow(timers, self._guarded_reconcile)
@@ -74,7 +82,7 @@ class DisplayReconciler:
         try:
             await self.reconcile()
         except Exception as exc:  # noqa: BLE001 - a failed pass is retried, never fatal
-            self._term.events.record(exc, phase="thread-display-reconcile", level="WARNING")
+            self._events.record(exc, phase="thread-display-reconcile", level="WARNING")
             if self.startup.settled:
                 self.schedule(RETRY_S)
 
@@ -83,7 +91,7 @@ class DisplayReconciler:
         """One admitted, serialised pass; returns the number of titles changed. Never suppressed."""
         async with self._lock:
             try:
-                return await self._admission.run(self._term.new_id(), "workspace.reconcile-display", [PROFILE],
+                return await self._admission.run(self._new_id(), "workspace.reconcile-display", [PROFILE],
                                                  self._pass)
             finally:
                 self.passes += 1
@@ -109,24 +117,24 @@ class DisplayReconciler:
             if edit_authority is None or not title or binding.title == title:
                 continue
             self._assert_current(authority, mode, binding, edit_authority)
-            result = await self._gateway.edit_topic(binding.chat_id, binding.thread_id or 0, title)
-            if result.outcome is Outcome.GONE:
-                await mark_topic_gone(self._term, self._titles, self._roster, binding.chat_id, binding.thread_id or 0)
+            result = await self._gateway.edit_topic(binding.target, title)
+            if result.outcome is CallOutcome.GONE:
+                await self._gone.drop(binding.target, self._roster)
                 continue
             if not result.ok:
                 raise DisplayEditFailed(f"editForumTopic for slot {binding.slot} failed ({result.outcome}): "
                                         f"{result.message}")
             self._assert_current(authority, mode, binding, edit_authority)
-            async with self._term.unit_of_work(authority) as uow:
-                current = await BindingRepository.get_tx(uow, binding.binding_key)
+            async with self._store.unit_of_work(authority) as uow:
+                current = await uow.bindings.get(binding.binding_key)
                 if current is None or current.thread_id != binding.thread_id:
                     raise DisplayEditFailed("Topic binding changed before its title was committed.")
-                await BindingRepository.set_display_title_tx(uow, binding.binding_key, title)
+                await uow.bindings.set_display_title(binding.binding_key, title)
             self._titles.invalidate(binding.binding_key)
             changed += 1
             self.edits += 1
         if changed:
-            self._term.events.record("Topic titles reconciled", phase="thread-display-reconcile", changed=changed,
+            self._events.record("Topic titles reconciled", phase="thread-display-reconcile", changed=changed,
                                      mode=str(mode))
         return changed
 

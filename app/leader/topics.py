@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from topicbus.ports.store import Bindings, Store
+from topicbus.core.target import Target
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
-from topicbus.storage.bindings import BindingRepository
+from topicbus.core.clock import Clock
+from topicbus.logsetup import EventJournal
 
 CONTROL_TOPIC_TITLE = "topicbus control"
 
@@ -88,7 +91,7 @@ class TopicCache:
     """Each binding's topic as heartbeats need it — its title, and whether it is still live — read
     through a small cache (every follower asks every second). Every writer invalidates it."""
 
-    def __init__(self, bindings: BindingRepository):
+    def __init__(self, bindings: Bindings):
         self._bindings = bindings
         self._topics: dict[str, tuple[str, bool]] = {}
 
@@ -113,54 +116,66 @@ class TopicCache:
         self._topics.pop(binding_key, None)
 
 
-async def record_topic_gone(term: LeaderTerm, topics: TopicCache, chat_id: int, thread_id: int) -> str | None:
-    """Telegram says the topic does not exist: mark its binding's topic deleted (the binding keeps
-    slot and name). Its follower learns it at its next heartbeat, registers again and gets a new
-    topic. Returns the binding key, if a binding held that topic."""
-    async with term.unit_of_work() as uow:
-        key = await BindingRepository.mark_topic_deleted_tx(uow, chat_id, thread_id, term.now_ms())
-    if key is None:
-        return None
-    topics.invalidate(key)
-    term.events.record("Topic is gone; binding kept for re-provisioning", phase="topic-deleted",
-                       chatId=chat_id, threadId=thread_id)
-    return key
+class GoneTopics:
+    """Telegram says a topic does not exist: its binding's topic is recorded deleted (the binding
+    keeps slot and name). Its follower learns it at its next heartbeat, registers again and gets a
+    new topic."""
 
+    def __init__(self, *, term: LeaderTerm, store: Store, clock: Clock, events: EventJournal, topics: TopicCache):
+        self._term = term
+        self._store = store
+        self._clock = clock
+        self._events = events
+        self._topics = topics
 
-async def mark_topic_gone(term: LeaderTerm, topics: TopicCache, roster: Roster, chat_id: int, thread_id: int) -> bool:
-    """:func:`record_topic_gone`, and its followers dropped from routing at once."""
-    key = await record_topic_gone(term, topics, chat_id, thread_id)
-    if key is None:
-        return False
-    roster.drop_binding(key)
-    return True
+    async def record(self, topic: Target) -> str | None:
+        """Record the topic gone; returns the binding key, if a binding held that topic."""
+        async with self._store.unit_of_work(self._term.authority()) as uow:
+            key = await uow.bindings.mark_topic_deleted(topic, self._clock.now_ms())
+        if key is None:
+            return None
+        self._topics.invalidate(key)
+        self._events.record("Topic is gone; binding kept for re-provisioning", phase="topic-deleted",
+                            chatId=topic.chat_id, threadId=topic.thread_id)
+        return key
+
+    async def drop(self, topic: Target, roster: Roster) -> bool:
+        """:meth:`record`, and the topic's followers dropped from routing at once."""
+        key = await self.record(topic)
+        if key is None:
+            return False
+        roster.drop_binding(key)
+        return True
 
 
 class TopicEvents:
-    def __init__(self, term: LeaderTerm, roster: Roster, topics: TopicCache, on_roster_change: Callable[[], None]):
+    def __init__(self, term: LeaderTerm, roster: Roster, topics: TopicCache, gone: GoneTopics,
+                 on_roster_change: Callable[[], None], *, store: Store):
         self._term = term
+        self._store = store
         self._roster = roster
-        self._bindings = BindingRepository(term.db)
+        self._bindings = store.bindings
         self._topics = topics
+        self._gone = gone
         self._on_roster_change = on_roster_change
 
-    async def gone(self, chat_id: int, thread_id: int) -> None:
-        if await mark_topic_gone(self._term, self._topics, self._roster, chat_id, thread_id):
+    async def gone(self, topic: Target) -> None:
+        if await self._gone.drop(topic, self._roster):
             self._on_roster_change()
 
-    async def state_changed(self, chat_id: int, thread_id: int, state: str) -> None:
-        binding = await self._bindings.by_target(chat_id, thread_id)
+    async def state_changed(self, topic: Target, state: str) -> None:
+        binding = await self._bindings.by_target(topic)
         if binding is None:
             return
-        async with self._term.unit_of_work() as uow:
-            await BindingRepository.set_topic_state_tx(uow, binding.binding_key, state)
+        async with self._store.unit_of_work(self._term.authority()) as uow:
+            await uow.bindings.set_topic_state(binding.binding_key, state)
         self._topics.invalidate(binding.binding_key)
 
-    async def renamed(self, chat_id: int, thread_id: int, name: str) -> None:
+    async def renamed(self, topic: Target, name: str) -> None:
         """An owner renamed the topic in Telegram: that is its manual name now."""
-        binding = await self._bindings.by_target(chat_id, thread_id)
+        binding = await self._bindings.by_target(topic)
         if binding is None:
             return
-        async with self._term.unit_of_work() as uow:
-            await BindingRepository.set_manual_name_tx(uow, binding.binding_key, name[:128])
+        async with self._store.unit_of_work(self._term.authority()) as uow:
+            await uow.bindings.set_manual_name(binding.binding_key, name[:128])
         self._topics.invalidate(binding.binding_key)

@@ -34,18 +34,20 @@ from enum import StrEnum
 
 from loguru import logger
 
-from topicbus.bot.gateway import CallResult, DownloadInterrupted, FileStream
 from topicbus.core.records import FileRef, InboundItem, MediaItem
+from topicbus.ports.store import Store
+from topicbus.core.clock import Clock
+from topicbus.core.telegram import CallResult, DownloadInterrupted
+from topicbus.ports.telegram import FileDownload
 from topicbus.leader.inbound import transcript_item
 from topicbus.leader.notices import Notices
-from topicbus.leader.term import LeaderTerm
+from topicbus.leader.term import LeaderTerm, TermTasks
 from topicbus.metadata import clean_metadata
 from topicbus.retry import Backoff
 from topicbus.speech.client import TranscriptionClient, TranscriptionEndpoint, TranscriptionFailed
-from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.db import AuthorityLost
-from topicbus.storage.journal import JournalItem, JournalRepository
-from topicbus.storage.runtime_settings import TRANSCRIPTION_ANNOUNCED, RuntimeSettingsRepository
+from topicbus.core.authority import AuthorityLost
+from topicbus.core.journal import JournalItem
+from topicbus.core.runtime_settings import TRANSCRIPTION_ANNOUNCED
 
 VOICE_KINDS = frozenset({"voice", "audio"})  # what is transcribed: voice notes and audio files
 BYTES_PER_SECOND = 40_000  # 320 kbit/s, the highest common MP3 rate: the byte cap is max_s of it
@@ -121,16 +123,19 @@ class Transcriber:
     def __init__(self, term: LeaderTerm, notices: Notices, options: TranscriptionOptions, *,
                  download: Callable[[str], AbstractAsyncContextManager[CallResult]],
                  kick: Callable[[str], Awaitable[object]],
-                 client: TranscriptionClient | None = None):
+                 client: TranscriptionClient | None = None, store: Store, clock: Clock, tasks: TermTasks):
         self._term = term
+        self._store = store
+        self._clock = clock
+        self._tasks = tasks
         self._notices = notices
         self.options = options
         self._download = download
         self._kick = kick
         endpoint = options.endpoint
         self._client = None if endpoint is None else client or TranscriptionClient(endpoint)
-        self._bindings = BindingRepository(term.db)
-        self._settings = RuntimeSettingsRepository(term.db)
+        self._bindings = store.bindings
+        self._settings = store.settings
         self._slots = asyncio.Semaphore(CONCURRENT)
         self._announce_lock = asyncio.Lock()
         self._announced = False
@@ -144,15 +149,25 @@ class Transcriber:
         :meth:`begin`), a :class:`Cause` (deliver the file and :meth:`tell` the topic) or None."""
         return verdict(payload, self.options)
 
+    @property
+    def transcribed(self) -> int:
+        """Voice notes delivered as their transcript in this term."""
+        return self.stats["transcribed"]
+
+    @property
+    def fell_back(self) -> int:
+        """Voice notes delivered as the file after all (no transcript) in this term."""
+        return self.stats["fell_back"]
+
     def begin(self, item: JournalItem) -> None:
         """Transcribe a held note in the background (a task of the term: cancelled when it ends,
         and the next term starts again)."""
         self.in_flight += 1
-        self._term.spawn(self._run(item))
+        self._tasks.spawn(self._run(item))
 
     async def resume(self) -> None:
         """A new term: notes its predecessor left held are transcribed again (or fall back)."""
-        for item in await JournalRepository(self._term.db).held_for_transcript():
+        for item in await self._store.journal.held_for_transcript():
             self.begin(item)
 
     async def tell(self, binding_key: str, cause: Cause, reason: str = "") -> None:
@@ -237,7 +252,7 @@ class Transcriber:
         too_large = TranscriptionFailed("the voice note is larger than its length allows")
         async with self._download(file.file_id or "") as result:
             stream = result.value if result.ok else None
-            if not isinstance(stream, FileStream):
+            if not isinstance(stream, FileDownload):
                 raise TranscriptionFailed("the voice note could not be downloaded from Telegram")
             if stream.size is not None and stream.size > self.options.max_bytes:
                 raise too_large
@@ -285,8 +300,8 @@ class Transcriber:
         note = item.payload
         payload = transcript_item(note, text) if text is not None and isinstance(note, MediaItem) else None
         echoed = False
-        async with self._term.unit_of_work(authority) as uow:
-            released = await JournalRepository.release_held_tx(uow, item.seq, item.binding_key, payload)
+        async with self._store.unit_of_work(authority) as uow:
+            released = await uow.journal.release_held(item.seq, item.binding_key, payload)
             if released and text is not None and binding is not None:
                 shown = text if len(text) <= ECHO_LIMIT else text[:ECHO_LIMIT - 1] + "…"
                 echoed = await self._notices.post_tx(uow, binding, f"🎙 {shown}", request_id=f"transcript:{item.seq}",
@@ -309,7 +324,7 @@ class Transcriber:
                 if await self._settings.get(TRANSCRIPTION_ANNOUNCED) != host:
                     await self._notices.answer(f"🎙 Voice notes are transcribed by {host}: their audio leaves this "
                                                "machine for that endpoint (TOPICBUS_TRANSCRIBE_URL).")
-                    await self._settings.set(TRANSCRIPTION_ANNOUNCED, host, self._term.now_ms(),
+                    await self._settings.set(TRANSCRIPTION_ANNOUNCED, host, self._clock.now_ms(),
                                              self._term.authority())
             except AuthorityLost:
                 raise

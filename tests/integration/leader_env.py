@@ -18,7 +18,8 @@ from topicbus.leader.outbound import OutboundOptions
 from topicbus.leader.assembly import LeaderServices, assemble, close_term, open_term
 from topicbus.leader.transcription import TranscriptionOptions
 from topicbus.leader.term import LeaderTerm
-from topicbus.storage.bindings import Binding, BindingRepository
+from topicbus.core.bindings import Binding
+from topicbus.storage.bindings import BindingRepository
 from topicbus.core.liveness import Liveness
 from topicbus.logsetup import EventJournal
 from topicbus.core.records import Deliver, Superseded
@@ -26,7 +27,8 @@ from topicbus.protocol import (ProtocolError, Registration, decode_frame, discon
                                heartbeat_frame, leader_frame, register_frame, wire_result)
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.display import DisplayMode
-from topicbus.storage.db import Authority, Database
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database
 from topicbus.storage.lease import LeaseRepository
 from tests.doubles import FakeLiveness
 from tests.fakebotapi import FakeBotApi
@@ -132,10 +134,11 @@ class LeaderEnv:
         self.bot = self.app.bot
         self.authority = await LeaseRepository(self.db).try_acquire(self.owner, self.clock.now_ms(), 8_000)
         assert self.authority is not None
-        self.term = LeaderTerm(db=self.db, clock=self.clock, chat_id=CHAT, events=self.events, owner=self.owner)
+        self.term = LeaderTerm(self.owner)
         self.term.begin(self.authority)
         assert self.app.job_queue is not None
-        self.services = assemble(self.term, bot=self.bot, timers=JobQueueTimers(self.app.job_queue),
+        self.services = assemble(self.term, db=self.db, bot=self.bot, clock=self.clock, events=self.events,
+                                 chat_id=CHAT, timers=JobQueueTimers(self.app.job_queue),
                                  liveness=self.liveness, default_cleanup=self.cleanup,  # type: ignore[arg-type]
                                  default_display_mode=self.display_mode, stale_after_ms=self.stale_after_ms,
                                  display_debounce_s=self.display_debounce_s,

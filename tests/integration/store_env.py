@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.integration.leader_env import ManualClock
-from topicbus.storage.db import Authority, Database
+from topicbus.core.authority import Authority
+from topicbus.storage.db import Database
 from topicbus.storage.lease import LeaseRepository
 
 LEASE_STALE_MS = 8_000

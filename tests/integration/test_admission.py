@@ -12,9 +12,9 @@ import asyncio
 import pytest
 
 from tests.integration.store_env import StoreEnv
-from topicbus.storage.admission import (PROFILE, AdmissionBlocked, AdmissionError, AdmissionLedger, Fence, Scope,
-                                        hold_id)
-from topicbus.storage.db import AuthorityLost
+from topicbus.core.admission import AdmissionBlocked, AdmissionError, Fence, PROFILE, Scope, hold_id
+from topicbus.storage.admission import AdmissionLedger
+from topicbus.core.authority import AuthorityLost
 
 CHAT = -1001234567890
 OTHER_CHAT = -1009999999999

@@ -8,6 +8,7 @@ import uuid
 
 from tests.integration.leader_env import CHAT, LeaderEnv, fenced
 from tests.support.waiting import wait_until
+from topicbus.core.target import Target
 from topicbus.leader.departure import PROCESS_ENDED
 from topicbus.protocol import Kind, decode_frame, encode, send_frame, text_message
 from topicbus.storage.bindings import BindingRepository
@@ -132,8 +133,8 @@ async def test_a_topic_retired_by_rotation_during_its_grace_is_not_deleted_twice
     ack = await env.register("f1", cwd="/repo/a", generation="1")
     binding = await env.binding("/repo/a")
     await env.services.followers.disconnect(fenced(Kind.DISCONNECT, "f1", "1"))
-    async with env.db.unit_of_work(env.authority) as uow:  # as a pressure retirement leaves it
-        await BindingRepository.mark_topic_deleted_tx(uow, CHAT, ack["threadId"], env.clock.now_ms())
+    async with env.services.store.unit_of_work(env.authority) as uow:  # as a pressure retirement leaves it
+        await uow.bindings.mark_topic_deleted(Target(CHAT, ack["threadId"]), env.clock.now_ms())
     env.clock.advance(int(GRACE_S * 1000))
     assert await env.services.departures.scheduled.run_due() == 0
     assert env.calls("deleteForumTopic") == [] and await env.services.departures.scheduled.pending() == []

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from topicbus.protocol import Kind, decode_frame, document_message, encode, send_frame, text_message
-from topicbus.storage.bindings import BindingRepository, OwnerRecord
+from topicbus.core.bindings import OwnerRecord
+from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.cleanups import CleanupRepository
 from tests.integration.leader_env import CHAT, LeaderEnv, fenced
 

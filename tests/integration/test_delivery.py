@@ -22,8 +22,9 @@ from topicbus.leader.delivery import DeliveryHub
 from topicbus.core.records import ControlItem, Deliver, EditItem, FileRef, MediaItem, MessageItem, Superseded
 from topicbus.leader.inbound import InboundScreen, combine_album
 from topicbus.protocol import CAP_CONTROL
-from topicbus.storage.db import AuthorityLost
-from topicbus.storage.journal import JournalItem, JournalRepository
+from topicbus.core.authority import AuthorityLost
+from topicbus.core.journal import JournalItem
+from topicbus.storage.journal import JournalRepository
 
 A, B = "binding-a", "binding-b"
 

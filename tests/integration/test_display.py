@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from topicbus.core.target import Target
 from topicbus.leader.control import DisplayModeRefused
 from topicbus.core.display import DisplayMode
 from topicbus.storage.runtime_settings import RuntimeSettingsRepository
@@ -177,5 +178,5 @@ async def test_heartbeat_answers_the_current_title_after_a_change(env: LeaderEnv
     assert (await services.followers.heartbeat(beat)).display_title == r["slot"]
     await services.control_desk.set_display_mode(DisplayMode.DIRECTORY_TITLE)
     assert (await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1"))).display_title == "Alpha Beta"
-    await services.topics.renamed(CHAT, r["threadId"], "Renamed by owner")
+    await services.topics.renamed(Target(CHAT, r["threadId"]), "Renamed by owner")
     assert (await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "a", "g1"))).display_title == "Renamed by owner"

@@ -14,8 +14,8 @@ from telegram import Bot
 
 from tests.fakebotapi import DEFAULT_FORUM_CHAT_ID as CHAT_ID, FakeBotApi
 from tests.integration.leader_env import TOKEN
-from topicbus.bot.gateway import (DOWNLOAD_CHUNK_BYTES, DownloadInterrupted, Outcome, TelegramGateway,
-                                  describe_download_error)
+from topicbus.core.telegram import CallOutcome, DownloadInterrupted
+from topicbus.bot.gateway import DOWNLOAD_CHUNK_BYTES, TelegramGateway, describe_download_error
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ async def test_a_file_streams_in_bounded_chunks_with_the_size_telegram_announced
     content = os.urandom(3 * 1024 * 1024 + 17)
     document(fake, "DOC_3mb", content)
     async with gateway.open_download("DOC_3mb") as result:
-        assert result.outcome is Outcome.OK
+        assert result.outcome is CallOutcome.OK
         stream = result.value
         assert stream.size == len(content)
         chunks = [chunk async for chunk in stream.chunks()]
@@ -44,9 +44,9 @@ async def test_a_file_streams_in_bounded_chunks_with_the_size_telegram_announced
 async def test_a_file_telegram_refuses_is_rejected_before_any_byte(fake: FakeBotApi, gateway: TelegramGateway):
     fake.push_media(CHAT_ID, "video", size=25 * 1024 * 1024, file_id="VID_big")
     async with gateway.open_download("VID_big") as too_big:
-        assert (too_big.outcome, too_big.message, too_big.value) == (Outcome.REJECTED, "File is too big", None)
+        assert (too_big.outcome, too_big.message, too_big.value) == (CallOutcome.REJECTED, "File is too big", None)
     async with gateway.open_download("NO_such_file") as unknown:
-        assert unknown.outcome is Outcome.REJECTED and unknown.value is None
+        assert unknown.outcome is CallOutcome.REJECTED and unknown.value is None
 
 
 async def test_a_file_that_breaks_off_is_an_interrupted_download_that_names_no_token(fake: FakeBotApi,

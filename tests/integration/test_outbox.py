@@ -14,12 +14,14 @@ import json
 import pytest
 
 from tests.integration.store_env import StoreEnv
+from topicbus.core.target import Target
 from topicbus.core.budget import Priority
 from topicbus.core.output import QueuedItem
 from topicbus.core.records import (Button, ChatActionMessage, DocumentMessage, Notice, OutboxItem, PhotoMessage,
                                    TextMessage)
-from topicbus.storage.db import AuthorityLost
-from topicbus.storage.outbox import OutboxRepository, TopicBacklog
+from topicbus.core.authority import AuthorityLost
+from topicbus.core.output import TopicBacklog
+from topicbus.storage.outbox import OutboxRepository
 
 CHAT = -1001234567890
 OTHER_CHAT = -1009999999999
@@ -117,7 +119,7 @@ async def test_heads_carry_what_the_scheduler_plans_with_and_payloads_what_it_se
     plain = await outbox.add(item=TextMessage("plain"))
     notice = await outbox.add(item=Notice("⏹ process ended", reply_to=12), priority=Priority.CONTROL, units=16,
                               fmt="markdown", has_buttons=True)
-    heads = await outbox.repo.heads(CHAT, 5)
+    heads = await outbox.repo.heads(Target(CHAT, 5))
     assert heads == [QueuedItem(plain, "text", 0, None, Priority.OUTPUT, arrived_ms=1_500, has_buttons=False),
                      QueuedItem(notice, "notice", 16, "markdown", Priority.CONTROL, arrived_ms=1_500,
                                 has_buttons=True)]
@@ -139,12 +141,12 @@ async def test_heads_are_one_topics_oldest_pending_rows_in_arrival_order(outbox:
     await outbox.add(thread=6)
     await outbox.add(chat=OTHER_CHAT, thread=5)
     third = await outbox.add(thread=5)
-    assert [h.id for h in await outbox.repo.heads(CHAT, 5)] == [first, second, third]
-    assert [h.id for h in await outbox.repo.heads(CHAT, 5, limit=2)] == [first, second]
-    assert [h.id for h in await outbox.repo.heads(CHAT, None)] == [general]  # General is its own topic
+    assert [h.id for h in await outbox.repo.heads(Target(CHAT, 5))] == [first, second, third]
+    assert [h.id for h in await outbox.repo.heads(Target(CHAT, 5), limit=2)] == [first, second]
+    assert [h.id for h in await outbox.repo.heads(Target(CHAT, None))] == [general]  # General is its own topic
     await outbox.repo.mark_sent([first], 2_000, 77, outbox.store.authority)
     await outbox.repo.mark_failed(second, "Bad Request: message is too long", outbox.store.authority)
-    assert [h.id for h in await outbox.repo.heads(CHAT, 5)] == [third]
+    assert [h.id for h in await outbox.repo.heads(Target(CHAT, 5))] == [third]
 
 
 async def test_topics_summarise_the_pending_rows_of_each_topic(outbox: Outbox):
@@ -203,10 +205,10 @@ async def test_only_pending_rows_no_binding_can_carry_fail_when_their_topic_is_g
     elsewhere = await outbox.add(key="hint:-1001234567890:6", kind="notice", thread=6)
     old_hint = await outbox.add(key="hint:-1001234567890:5", kind="notice", thread=5)
     await outbox.repo.mark_sent([old_hint], 2_000, 3, store.authority)
-    assert await outbox.repo.fail_unbound(CHAT, 5, "topic gone", store.authority) == 1
+    assert await outbox.repo.fail_unbound(Target(CHAT, 5), "topic gone", store.authority) == 1
     assert await outbox.status() == {hint: "failed", bound: "pending", elsewhere: "pending", old_hint: "sent"}
     assert (await outbox.row(hint))["last_error"] == "topic gone"
-    assert await outbox.repo.fail_unbound(CHAT, 5, "topic gone", store.authority) == 0
+    assert await outbox.repo.fail_unbound(Target(CHAT, 5), "topic gone", store.authority) == 0
 
 
 async def test_a_binding_moving_to_a_new_topic_takes_only_its_undelivered_rows(outbox: Outbox):
@@ -219,8 +221,8 @@ async def test_a_binding_moving_to_a_new_topic_takes_only_its_undelivered_rows(o
         await OutboxRepository.retarget_tx(uow, A, 9)
     threads = {r["id"]: r["thread_id"] for r in await store.db.fetch_all("SELECT id, thread_id FROM outbox")}
     assert threads == {delivered: 5, waiting[0]: 9, waiting[1]: 9, neighbour: 5}
-    assert [h.id for h in await outbox.repo.heads(CHAT, 9)] == waiting  # still in arrival order
-    assert (await outbox.repo.pending_in(CHAT, 5), await outbox.repo.pending_in(CHAT, 9)) == (1, 2)
+    assert [h.id for h in await outbox.repo.heads(Target(CHAT, 9))] == waiting  # still in arrival order
+    assert (await outbox.repo.pending_in(Target(CHAT, 5)), await outbox.repo.pending_in(Target(CHAT, 9))) == (1, 2)
 
 
 async def test_backlogs_count_pending_rows_only(outbox: Outbox):
@@ -238,7 +240,7 @@ async def test_backlogs_count_pending_rows_only(outbox: Outbox):
                                                        "binding-c": (1, len('{"text":"d"}'))}
     assert await outbox.repo.pending_binding_keys() == {A, "binding-c"}
     assert await outbox.repo.count_pending() == 2
-    assert (await outbox.repo.pending_in(CHAT, 5), await outbox.repo.pending_in(CHAT, 6)) == (1, 1)
+    assert (await outbox.repo.pending_in(Target(CHAT, 5)), await outbox.repo.pending_in(Target(CHAT, 6))) == (1, 1)
 
 
 async def test_the_purge_removes_only_sent_rows_older_than_the_cutoff_and_ids_are_never_reused(
@@ -273,7 +275,7 @@ async def test_every_write_under_a_stale_authority_is_refused_and_changes_nothin
         lambda: repo.mark_sent([second], 3_000, 2, stale),
         lambda: repo.mark_failed(second, "refused", stale),
         lambda: repo.note_attempt(second, "retry", stale),
-        lambda: repo.fail_unbound(CHAT, 5, "topic gone", stale),
+        lambda: repo.fail_unbound(Target(CHAT, 5), "topic gone", stale),
         lambda: repo.purge_sent(10_000, stale),
     ]
     for write in writes:

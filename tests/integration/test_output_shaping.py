@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from topicbus.core.target import Target
 from topicbus.core.budget import BudgetConfig
 from topicbus.core.output import OutputConfig
 from topicbus.protocol import ErrorCode, ProtocolError, SendRequest, decode_frame, encode, send_frame, text_message
@@ -140,7 +141,7 @@ async def test_output_sent_while_the_owner_spoke_is_never_grown_to_hold_the_answ
     await _send(env, "a", "g1", "READY", "r0")
     await env.fake.wait_for(held.entered.is_set, timeout=10, message="READY on the wire")
     assert env.services is not None
-    env.services.outbound.owner_spoke(CHAT, thread)  # what the turn handler does for the owner's "hello"
+    env.services.outbound.owner_spoke(Target(CHAT, thread))  # what the turn handler does for the owner's "hello"
     held.release.set()
     await env.fake.wait_for(lambda: not env.services.outbound.backlog(), timeout=10, message="READY settled")
     await _send(env, "a", "g1", "got:hello", "r1")

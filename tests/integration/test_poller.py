@@ -16,7 +16,8 @@ from telegram.ext import Application, ApplicationBuilder, ContextTypes, MessageH
 from telegram.warnings import PTBUserWarning
 
 from topicbus.bot.poller import MAX_HANDLER_ATTEMPTS, UpdatePoller
-from topicbus.storage.db import AuthorityLost, StorageUnavailable
+from topicbus.core.authority import AuthorityLost
+from topicbus.storage.db import StorageUnavailable
 from tests.fakebotapi import FakeBotApi
 
 TOKEN = "123456:TEST-poller-token-00000000000000000"

@@ -10,12 +10,14 @@ from __future__ import annotations
 import pytest
 
 from topicbus.protocol import ErrorCode, Kind
-from topicbus.storage.admission import PROFILE, hold_id
+from topicbus.core.admission import PROFILE, hold_id
 from topicbus.storage.bindings import BindingRepository
-from topicbus.storage.cleanups import CleanupIntent, CleanupRepository
+from topicbus.core.cleanups import CleanupIntent
+from topicbus.storage.cleanups import CleanupRepository
 from topicbus.storage.db import StorageUnavailable
 from topicbus.core.liveness import Liveness
-from topicbus.storage.runtime_settings import CLEANUP_POLICY, RuntimeSettingsRepository
+from topicbus.core.runtime_settings import CLEANUP_POLICY
+from topicbus.storage.runtime_settings import RuntimeSettingsRepository
 from tests.integration.leader_env import CHAT, LeaderEnv, fenced
 
 

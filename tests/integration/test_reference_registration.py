@@ -11,7 +11,7 @@ import asyncio
 from topicbus.core.records import HeartbeatResult
 from topicbus.protocol import ErrorCode, Kind
 from topicbus.core.target import Target
-from topicbus.storage.db import Authority
+from topicbus.core.authority import Authority
 from tests.support.waiting import wait_until
 from tests.integration.leader_env import CHAT, Hold, LeaderEnv, fenced
 

@@ -11,6 +11,7 @@ import asyncio
 import pytest
 
 from topicbus.core.records import MessageItem
+from topicbus.core.target import Target
 from topicbus.protocol import ErrorCode
 from topicbus.leader import outbound
 from topicbus.leader.rotation import SimulatedCrash
@@ -85,7 +86,7 @@ async def test_rotation_calls_do_not_wait_for_the_schedulers_output_pause(off: L
     await env.start()
     olds = await fill(env)
     monkeypatch.setattr(outbound, "WAKE_DEBOUNCE_S", 60.0)  # a pause no registration could wait out
-    env.services.outbound.wake(CHAT, olds[3]["threadId"])  # the outbox changed, as on a graceful exit
+    env.services.outbound.wake(Target(CHAT, olds[3]["threadId"]))  # the outbox changed, as on a graceful exit
     await env.fake.wait_for(lambda: pausing_for_output(env), message="the scheduler pausing for output")
     env.fake.reset_calls()
     async with asyncio.timeout(10):
@@ -249,7 +250,7 @@ async def test_case14_leader_provisioning_takes_a_chat_scoped_hold(fake, tmp_pat
 
 async def test_case15_a_retained_fence_blocks_every_workspace_mutation(off: LeaderEnv):
     from topicbus.core.display import DisplayMode
-    from topicbus.storage.admission import AdmissionBlocked
+    from topicbus.core.admission import AdmissionBlocked
 
     env = off
     services = await env.start()

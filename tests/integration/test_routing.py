@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from topicbus.core.records import MessageItem, TextMessage
+from topicbus.core.target import Target
 from topicbus.leader.routing import OFFLINE_NOTICE
 from tests.integration.leader_env import CHAT, LeaderEnv
 from tests.support.waiting import wait_until
@@ -57,7 +58,7 @@ async def test_deleted_topic_is_marked_and_the_follower_gets_a_new_one(env: Lead
     services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
     env.fake.user_delete_topic(CHAT, r["threadId"])
-    await services.topics.gone(CHAT, r["threadId"])  # what the outbox does on "message thread not found"
+    await services.topics.gone(Target(CHAT, r["threadId"]))  # what the outbox does on "message thread not found"
     binding = await env.binding("/w")
     assert binding.topic_state == "deleted" and binding.slot == r["slot"]
     assert services.roster.registry.get("a") is None  # its next heartbeat is refused: it registers again
@@ -76,7 +77,7 @@ async def test_output_waiting_for_a_deleted_topic_goes_to_the_binding_s_new_topi
     await OutboxRepository(env.db).enqueue(
         binding_key=r["bindingKey"], chat_id=CHAT, thread_id=old, instance_id="a", request_id="r1",
         item=TextMessage("written while the topic was gone"), now_ms=env.clock.now_ms(), authority=env.authority)
-    services.outbound.wake(CHAT, old)
+    services.outbound.wake(Target(CHAT, old))
     # Telegram answers "thread not found": the binding is marked deleted, the row stays pending.
     async def marked_deleted() -> bool:
         return (await env.binding("/w")).topic_state == "deleted"
@@ -93,10 +94,10 @@ async def test_output_waiting_for_a_deleted_topic_goes_to_the_binding_s_new_topi
 async def test_topic_service_messages_update_the_store(env: LeaderEnv):
     services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
-    await services.topics.state_changed(CHAT, r["threadId"], "closed")
+    await services.topics.state_changed(Target(CHAT, r["threadId"]), "closed")
     assert (await env.binding("/w")).topic_state == "closed"
-    await services.topics.state_changed(CHAT, r["threadId"], "open")
-    await services.topics.renamed(CHAT, r["threadId"], "My agent")
+    await services.topics.state_changed(Target(CHAT, r["threadId"]), "open")
+    await services.topics.renamed(Target(CHAT, r["threadId"]), "My agent")
     binding = await env.binding("/w")
     assert binding.topic_state == "open" and binding.manual_name == "My agent" and binding.title == "My agent"
 
@@ -104,7 +105,7 @@ async def test_topic_service_messages_update_the_store(env: LeaderEnv):
 async def test_journal_refuses_a_leader_that_lost_its_lease(env: LeaderEnv):
     import pytest
 
-    from topicbus.storage.db import AuthorityLost
+    from topicbus.core.authority import AuthorityLost
 
     services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)

@@ -6,7 +6,8 @@ import sqlite3
 
 import pytest
 
-from topicbus.storage.db import Authority, AuthorityLost, Database
+from topicbus.core.authority import Authority, AuthorityLost
+from topicbus.storage.db import Database
 from topicbus.storage.lease import LeaseRepository
 from topicbus.storage.migrate import Migration, MigrationError, apply_migrations, discover
 

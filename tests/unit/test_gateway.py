@@ -14,26 +14,27 @@ from telegram.error import BadRequest, Conflict, Forbidden, NetworkError, RetryA
 from telegram.warnings import PTBDeprecationWarning
 
 from topicbus import cli
-from topicbus.bot.gateway import CallResult, Outcome, classify, retry_after_seconds
+from topicbus.core.telegram import CallOutcome, CallResult
+from topicbus.bot.gateway import classify, retry_after_seconds
 
 
 @pytest.mark.parametrize("error, expected", [
-    (BadRequest("Bad Request: TOPIC_NOT_MODIFIED"), CallResult(Outcome.NOT_MODIFIED, "Topic_not_modified")),
+    (BadRequest("Bad Request: TOPIC_NOT_MODIFIED"), CallResult(CallOutcome.NOT_MODIFIED, "Topic_not_modified")),
     (BadRequest("Bad Request: message is not modified: specified new message content is the same"),
-     CallResult(Outcome.NOT_MODIFIED, "Message is not modified: specified new message content is the same")),
-    (BadRequest("Bad Request: message thread not found"), CallResult(Outcome.GONE, "Message thread not found")),
-    (BadRequest("Bad Request: TOPIC_ID_INVALID"), CallResult(Outcome.GONE, "Topic_id_invalid")),
-    (BadRequest("Bad Request: TOPIC_DELETED"), CallResult(Outcome.GONE, "Topic_deleted")),
+     CallResult(CallOutcome.NOT_MODIFIED, "Message is not modified: specified new message content is the same")),
+    (BadRequest("Bad Request: message thread not found"), CallResult(CallOutcome.GONE, "Message thread not found")),
+    (BadRequest("Bad Request: TOPIC_ID_INVALID"), CallResult(CallOutcome.GONE, "Topic_id_invalid")),
+    (BadRequest("Bad Request: TOPIC_DELETED"), CallResult(CallOutcome.GONE, "Topic_deleted")),
     (BadRequest("Bad Request: not enough rights to create a topic"),
-     CallResult(Outcome.REJECTED, "Not enough rights to create a topic")),
+     CallResult(CallOutcome.REJECTED, "Not enough rights to create a topic")),
     (Forbidden("Forbidden: bot was kicked from the supergroup chat"),
-     CallResult(Outcome.REJECTED, "Forbidden: bot was kicked from the supergroup chat")),
-    (TimedOut(), CallResult(Outcome.AMBIGUOUS, "Timed out")),
+     CallResult(CallOutcome.REJECTED, "Forbidden: bot was kicked from the supergroup chat")),
+    (TimedOut(), CallResult(CallOutcome.AMBIGUOUS, "Timed out")),
     (NetworkError("httpx.ConnectError: All connection attempts failed"),
-     CallResult(Outcome.AMBIGUOUS, "httpx.ConnectError: All connection attempts failed")),
+     CallResult(CallOutcome.AMBIGUOUS, "httpx.ConnectError: All connection attempts failed")),
     (Conflict("Conflict: terminated by other getUpdates request"),
-     CallResult(Outcome.REJECTED, "Conflict: terminated by other getUpdates request")),
-    (ValueError(f"no token in here {'123456:ABC-secret'}"), CallResult(Outcome.AMBIGUOUS, "ValueError")),
+     CallResult(CallOutcome.REJECTED, "Conflict: terminated by other getUpdates request")),
+    (ValueError(f"no token in here {'123456:ABC-secret'}"), CallResult(CallOutcome.AMBIGUOUS, "ValueError")),
 ], ids=["topic-not-modified", "message-not-modified", "thread-not-found", "topic-id-invalid", "topic-deleted",
         "bad-request-other", "forbidden", "timed-out", "network", "other-telegram-error", "unknown"])
 def test_classify(error, expected):
@@ -41,7 +42,7 @@ def test_classify(error, expected):
 
 
 def test_only_ok_and_not_modified_count_as_done():
-    assert [o for o in Outcome if CallResult(o).ok] == [Outcome.OK, Outcome.NOT_MODIFIED]
+    assert [o for o in CallOutcome if CallResult(o).ok] == [CallOutcome.OK, CallOutcome.NOT_MODIFIED]
 
 
 @pytest.mark.parametrize("retry_after", [timedelta(seconds=7), 7])
@@ -50,7 +51,7 @@ def test_retry_after_with_ptb_timedelta(monkeypatch, retry_after):
     error = RetryAfter(retry_after)
     assert isinstance(error.retry_after, timedelta)
     assert retry_after_seconds(error) == 7.0
-    assert classify(error) == CallResult(Outcome.RETRY_AFTER, "Flood control exceeded. Retry in 0:00:07",
+    assert classify(error) == CallResult(CallOutcome.RETRY_AFTER, "Flood control exceeded. Retry in 0:00:07",
                                          retry_after_s=7.0)
 
 
@@ -61,7 +62,7 @@ def test_retry_after_as_a_number(monkeypatch):
         assert isinstance(error.retry_after, int)
         assert retry_after_seconds(error) == 3.0
         assert classify(error).retry_after_s == 3.0
-        assert classify(error).outcome is Outcome.RETRY_AFTER
+        assert classify(error).outcome is CallOutcome.RETRY_AFTER
 
 
 def test_the_leader_command_sets_ptb_timedelta_when_it_starts_and_importing_topicbus_does_not(

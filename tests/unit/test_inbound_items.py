@@ -18,7 +18,7 @@ from topicbus.leader.agent_commands import expiry_interval_s, parse_reserved
 from topicbus.leader.inbound import BOT_DOWNLOAD_LIMIT, adapt_for, age_text, combine_album, preview, too_large_notice
 from topicbus.leader.reactions import reacted_messages, reaction_emoji
 from topicbus.protocol import Capabilities, Deliver, decode_leader_frame, encode, leader_frame
-from topicbus.storage.journal import JournalItem
+from topicbus.core.journal import JournalItem
 
 BOT_ID, BOT_NAME, THREAD = 999, "topicbus_bot", 5
 OWNER = {"id": 1, "is_bot": False, "first_name": "Ada", "last_name": "L"}

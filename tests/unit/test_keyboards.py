@@ -8,7 +8,8 @@ from topicbus.core.records import Button
 from topicbus.leader.buttons import with_choice
 from topicbus.leader.keyboards import callback_data, keys, parse_callback
 from topicbus.protocol import MAX_BUTTON_ROWS, MAX_BUTTONS_PER_ROW
-from topicbus.storage.keyboards import CHOICE, Keyboard, new_token
+from topicbus.core.keyboards import CHOICE, Keyboard
+from topicbus.storage.keyboards import new_token
 
 
 def keyboard(rows: tuple[tuple[Button, ...], ...]) -> Keyboard:

@@ -10,7 +10,7 @@ from typing import Any
 from tests.support.waiting import wait_until
 from topicbus.core.records import MessageItem
 from topicbus.leader.reactions import ReceiptReactions
-from topicbus.storage.journal import JournalItem
+from topicbus.core.journal import JournalItem
 
 
 def delivered(message_id: int) -> list[JournalItem]:
