@@ -96,7 +96,7 @@ async def test_items_are_stored_in_the_shape_every_release_wrote_and_read_back(o
                    bytes, payload, created_at_ms) VALUES (?, ?, 5, 'inst-0.3', 'r', ?, 0, 0, 0, ?, 0)""",
             (A, CHAT, kind, json.dumps(payload)))
     assert await outbox.repo.payloads([older]) == {older: item}
-    assert [h.kind for h in await outbox.repo.heads(CHAT, 5) if h.id == older] == [item.type]
+    assert [h.kind for h in await outbox.repo.heads(Target(CHAT, 5)) if h.id == older] == [item.type]
 
 
 async def test_an_item_is_stored_once_per_instance_and_request(outbox: Outbox):
