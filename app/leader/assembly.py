@@ -127,7 +127,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                             display.schedule)
     pruner = FollowerPruner(
         registry=roster.registry, now_ms=term.now_ms, stale_after_ms=stale_after_ms,
-        leader_epoch=lambda: term.epoch, profile=lambda: "default",
+        leader_epoch=lambda: term.epoch,
         liveness=lambda r: liveness.probe(r.pid, r.process_birth_id, r.host_id),
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
         on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=term.events.record,

@@ -185,9 +185,6 @@ class OutboundScheduler:
     def retry_after_hits(self) -> int:
         return self.budget.retry_after_hits
 
-    def budget_used(self) -> int:
-        return self.budget.used(time.monotonic())
-
     def metrics(self) -> dict[str, float]:
         """The budget, the backlog and the economy of output, for /metrics."""
         now = time.monotonic()

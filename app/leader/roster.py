@@ -50,9 +50,6 @@ class Roster:
         """This binding's follower is registered (not pruned) but its socket dropped: it reconnects."""
         return self.registry.has_binding(binding_key) and not self.hub.is_online(binding_key)
 
-    def connection_of(self, record: FollowerRecord) -> FollowerConnection | None:
-        return self._connections.get(record.instance_id)
-
     def follower_on(self, connection: FollowerConnection) -> FollowerRecord | None:
         for instance_id, conn in self._connections.items():
             if conn is connection:
