@@ -185,7 +185,6 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
         await s.registrations.provision_control_topic()
     elif not await provision_control():
         return False
-    s.outbound.start()
     s.press_answers.start()
     await s.router.start()
     await s.transcriber.resume()  # voice notes a crashed term left held: transcribed again
