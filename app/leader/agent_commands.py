@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from loguru import logger
 
 from topicbus.core.startup import Timers
+from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.inbound import InboundScreen, age_text, combine_album, control_item, preview
 from topicbus.leader.notices import Notices
 from topicbus.leader.roster import Roster
@@ -211,10 +212,12 @@ class OfflineQueue:
 class AgentCommands:
     """The reserved commands of agent topics, and the control path a button press reuses."""
 
-    def __init__(self, term: LeaderTerm, router: Router, roster: Roster, notices: Notices, queue: OfflineQueue):
+    def __init__(self, term: LeaderTerm, router: Router, roster: Roster, delivery: DeliveryHub, notices: Notices,
+                 queue: OfflineQueue):
         self._term = term
         self._router = router
         self._roster = roster
+        self._delivery = delivery
         self._notices = notices
         self.queue = queue
         self.sent = 0
@@ -283,8 +286,8 @@ class AgentCommands:
             return ControlOutcome(False, "earlier-process", f"{command} was not sent: the agent registered after you "
                                   "typed it, so it was meant for an earlier process. Send it again if you mean this one.")
         delivery_id = f"c-{origin or self._term.new_id()}"
-        sent = await self._roster.hub.send_now(binding_key, record.instance_id, record.registration_generation,
-                                               delivery_id, control_item(action, message_id))
+        sent = await self._delivery.send_now(binding_key, record.instance_id, record.registration_generation,
+                                             delivery_id, control_item(action, message_id))
         if not sent:
             return ControlOutcome(False, "offline", f"⏸ {command} was not sent: the agent's connection just dropped. "
                                   "Send it again when the agent is back.")

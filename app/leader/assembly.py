@@ -56,6 +56,7 @@ class LeaderServices:
     term: LeaderTerm
     gateway: ScheduledGateway
     roster: Roster
+    delivery: DeliveryHub
     admission: AdmissionLedger
     mutations: FollowerMutationQueue
     preferences: Preferences
@@ -108,8 +109,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     # The receipt reaction is the lowest-priority call, skipped while output is held back.
     reactions = ReceiptReactions(react=gateway.set_message_reaction, chat_id=term.chat_id,
                                  emoji=reaction_emoji(receipt_reaction), spawn=term.spawn)
-    roster = Roster(DeliveryHub(journal, term.clock, term.authority, screen=screen,
-                                on_delivered=reactions.on_delivered), registry)
+    delivery = DeliveryHub(journal, term.clock, term.authority, screen=screen, on_delivered=reactions.on_delivered)
+    roster = Roster(delivery, registry)
     admission = AdmissionLedger(term.db, term.owner, term.now_ms, term.authority)
     mutations = FollowerMutationQueue()
     preferences = Preferences(term, default_cleanup=default_cleanup, default_display_mode=default_display_mode)
@@ -126,7 +127,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                                               grace_ms=int(cleanup_grace_s * 1000)),
                             display.schedule)
     pruner = FollowerPruner(
-        registry=roster.registry, now_ms=term.now_ms, stale_after_ms=stale_after_ms,
+        registry=registry, now_ms=term.now_ms, stale_after_ms=stale_after_ms,
         leader_epoch=lambda: term.epoch,
         liveness=lambda r: liveness.probe(r.pid, r.process_birth_id, r.host_id),
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
@@ -137,24 +138,25 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     being_bound = TopicsBeingBound()
     # Voice notes as text: downloaded through the gateway (no budget spent), transcribed in the
     # background, released into the binding's delivery (kick) once the transcript is in.
-    transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=roster.hub.kick)
+    transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=delivery.kick)
     # A follower whose socket dropped has until it would count as stale to reconnect before the owner
     # is told it is offline.
-    router = Router(term, roster, gateway, notices, outbound, timers=timers, being_bound=being_bound,
+    router = Router(term, roster, delivery, gateway, notices, outbound, timers=timers, being_bound=being_bound,
                     transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000)
-    agent_commands = AgentCommands(term, router, roster, notices, OfflineQueue(term, journal, notices, screen, timers))
+    agent_commands = AgentCommands(term, router, roster, delivery, notices,
+                                   OfflineQueue(term, journal, notices, screen, timers))
     buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers)
-    registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
-                                  admission=admission, mutations=mutations, pruner=pruner, titles=titles,
+    registrations = Registrations(term=term, roster=roster, delivery=delivery, provisioner=provisioner,
+                                  rotation=rotation, admission=admission, mutations=mutations, pruner=pruner, titles=titles,
                                   control=control, on_roster_change=display.schedule, being_bound=being_bound)
     control_desk = ControlDesk(term=term, roster=roster, preferences=preferences, admission=admission,
                                display=display, departures=departures, pruner=pruner)
-    status = StatusView(term=term, roster=roster, preferences=preferences, control=control, router=router,
-                        registrations=registrations, outbound=outbound, rotation=rotation, pruner=pruner)
+    status = StatusView(term=term, roster=roster, delivery=delivery, preferences=preferences, control=control,
+                        router=router, registrations=registrations, outbound=outbound, rotation=rotation, pruner=pruner)
     followers = FollowerDesk(term=term, roster=roster, registrations=registrations, departures=departures,
                              router=router)
-    return LeaderServices(term=term, gateway=gateway, roster=roster, admission=admission, mutations=mutations,
-                          preferences=preferences,
+    return LeaderServices(term=term, gateway=gateway, roster=roster, delivery=delivery, admission=admission,
+                          mutations=mutations, preferences=preferences,
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,

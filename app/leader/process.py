@@ -169,7 +169,7 @@ class LeaderProcess:
             router = services.router
             values.update({
                 "topicbus_routed_total": router.stats["routed"],
-                "topicbus_delivered_total": services.roster.hub.delivered,
+                "topicbus_delivered_total": services.delivery.delivered,
                 "topicbus_registrations_total": services.registrations.count,
                 "topicbus_outbound_sent_total": services.outbound.sent,
                 "topicbus_outbound_retry_after_total": services.outbound.retry_after_hits,
@@ -251,7 +251,7 @@ class Leadership:
         self.poller = UpdatePoller(app, timeout_s=s.poll_timeout_s, on_first_poll=self._polling_started,
                                    batch=self._journaled_batch(services),
                                    holds_lease=lambda: self.term.current() is not None and not self.lost.is_set())
-        self.health.begin_term(self.poller, services.roster.hub)
+        self.health.begin_term(self.poller, services.delivery)
         handlers.register_all(app, services, chat_id=s.chat_id or 0, owner_ids=s.owner_ids)
         app.add_error_handler(self._handler_error)
         self.server.role, self.server.epoch = "starting", self.term.authority().epoch

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from topicbus.core.mutations import FollowerMutationQueue
+from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.target import Target
@@ -34,13 +35,14 @@ from topicbus.storage.db import AuthorityLost
 
 
 class Registrations:
-    def __init__(self, *, term: LeaderTerm, roster: Roster, provisioner: TopicProvisioner, rotation: SlotRotation,
-                 admission: AdmissionLedger, mutations: FollowerMutationQueue, pruner: FollowerPruner,
+    def __init__(self, *, term: LeaderTerm, roster: Roster, delivery: DeliveryHub, provisioner: TopicProvisioner,
+                 rotation: SlotRotation, admission: AdmissionLedger, mutations: FollowerMutationQueue, pruner: FollowerPruner,
                  titles: TopicCache, control: ControlTopic, on_roster_change: Callable[[], None],
                  being_bound: TopicsBeingBound | None = None):
         self._term = term
         self._being_bound = being_bound or TopicsBeingBound()
         self._roster = roster
+        self._delivery = delivery
         self._provisioner = provisioner
         self._rotation = rotation
         self._admission = admission
@@ -116,7 +118,7 @@ class Registrations:
         self.count += 1
         self._term.events.record("Follower registered", phase="follower-registered", instanceId=req.instance_id,
                                  slot=binding.slot, threadId=binding.thread_id, created=created)
-        self._term.spawn(self._roster.hub.kick(key))
+        self._term.spawn(self._delivery.kick(key))
         self._on_roster_change()
         return {"chatId": binding.chat_id, "threadId": binding.thread_id, "slot": binding.slot,
                 "displayTitle": binding.title, "bindingKey": key}
@@ -137,7 +139,7 @@ class Registrations:
             # Its topic is gone (Telegram said so): register again, and a new topic is made.
             self._roster.drop(entry.instance_id)
             raise ProtocolError(ErrorCode.UNKNOWN_INSTANCE, "The follower's topic is gone; register again.")
-        self._roster.registry.heartbeat(entry.instance_id, self._term.now_ms())
+        self._roster.heartbeat(entry.instance_id, self._term.now_ms())
         return {"displayTitle": await self._titles.title(key)}
 
     async def restore_roster(self) -> int:

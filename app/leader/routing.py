@@ -38,7 +38,7 @@ from loguru import logger
 from topicbus.bot.gateway import FileStream
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.startup import StartupWindow, Timers
-from topicbus.leader.delivery import FollowerConnection
+from topicbus.leader.delivery import DeliveryHub, FollowerConnection
 from topicbus.leader.inbound import combine_album, too_large_files, too_large_notice
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundScheduler, ScheduledGateway
@@ -92,8 +92,8 @@ class RouteResult:
 
 
 class Router:
-    def __init__(self, term: LeaderTerm, roster: Roster, gateway: ScheduledGateway, notices: Notices,
-                 outbound: OutboundScheduler, *, timers: Timers | None = None,
+    def __init__(self, term: LeaderTerm, roster: Roster, delivery: DeliveryHub, gateway: ScheduledGateway,
+                 notices: Notices, outbound: OutboundScheduler, *, timers: Timers | None = None,
                  album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None,
                  transcriber: Transcriber | None = None, startup: StartupWindow | None = None,
                  reconnect_grace_s: float = RECONNECT_GRACE_S):
@@ -111,6 +111,7 @@ class Router:
         self._album_window_s = album_window_s
         self._edit_noticed: set[tuple[str, str]] = set()  # (binding, generation) told that edits are not taken
         self._roster = roster
+        self._delivery = delivery
         self._gateway = gateway
         self._notices = notices
         self._outbound = outbound
@@ -246,7 +247,7 @@ class Router:
                     full.append((key, group_id))
             for key, group in by_binding.items():
                 if self._roster.is_routed(key):
-                    await self._roster.hub.deliver_new(key, group)
+                    await self._delivery.deliver_new(key, group)
                     if received_at is not None:
                         self.latency.add_many((time.perf_counter() - received_at) * 1000.0, len(group))
                 elif self._startup is not None and not self._startup.settled:
@@ -294,7 +295,7 @@ class Router:
                 return None
             self.stats["routed"] += 1
             if self._roster.is_routed(binding_key):
-                await self._roster.hub.deliver_new(binding_key, [item])
+                await self._delivery.deliver_new(binding_key, [item])
         return item
 
     async def _tell_owner(self, item: JournalItem, authority: Authority) -> None:
@@ -343,7 +344,7 @@ class Router:
             self._schedule_seal(binding_key, group)
             return
         if sealed and self._roster.is_routed(binding_key):
-            await self._roster.hub.kick(binding_key)
+            await self._delivery.kick(binding_key)
 
     async def _notify_if_still_absent(self, binding_key: str) -> None:
         """A follower's reconnect grace is over: the offline notice, if it did not come back."""
@@ -382,7 +383,7 @@ class Router:
     async def receipt(self, connection: FollowerConnection, delivery_id: str) -> None:
         entry = self._roster.follower_on(connection)
         if entry is not None and entry.binding_key:
-            await self._roster.hub.receipt(entry.binding_key, delivery_id)
+            await self._delivery.receipt(entry.binding_key, delivery_id)
 
     @asynccontextmanager
     async def open_document(self, file_id: str) -> AsyncIterator[FileStream | None]:
@@ -407,7 +408,7 @@ class Router:
         if (req.chat_id is not None and req.chat_id != target.chat_id) or (
                 req.thread_id is not None and req.thread_id != target.thread_id):
             raise ProtocolError(ErrorCode.FOREIGN_TARGET, "A follower may only post into its own topic.")
-        self._roster.registry.heartbeat(entry.instance_id, self._term.now_ms())
+        self._roster.heartbeat(entry.instance_id, self._term.now_ms())
         message = req.message.model_dump(by_alias=True, exclude_none=True)
         kind = message.pop("type")
         key = entry.binding_key or ""

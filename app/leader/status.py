@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.leader.outbound import OutboundScheduler
 from topicbus.leader.preferences import Preferences
@@ -18,11 +19,12 @@ from topicbus.storage.cleanups import CleanupRepository, ScheduledCleanupReposit
 
 
 class StatusView:
-    def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, control: ControlTopic,
-                 router: Router, registrations: Registrations, outbound: OutboundScheduler, rotation: SlotRotation,
-                 pruner: FollowerPruner):
+    def __init__(self, *, term: LeaderTerm, roster: Roster, delivery: DeliveryHub, preferences: Preferences,
+                 control: ControlTopic, router: Router, registrations: Registrations, outbound: OutboundScheduler,
+                 rotation: SlotRotation, pruner: FollowerPruner):
         self._term = term
         self._roster = roster
+        self._delivery = delivery
         self._preferences = preferences
         self._control = control
         self._router = router
@@ -77,7 +79,7 @@ class StatusView:
                 "instanceId": f.instance_id, "slot": f.slot, "threadId": f.target.thread_id if f.target else None,
                 "pid": f.pid, "heartbeatAgeMs": now - f.last_heartbeat_ms, "lastHeartbeatMs": f.last_heartbeat_ms,
                 "workspace": (f.cwd or "") + (f"#{f.session}" if f.session else ""), "bindingKey": f.binding_key,
-                "online": self._roster.hub.is_online(f.binding_key or ""),
+                "online": self._roster.is_online(f.binding_key or ""),
             } for f in followers],
             "bindings": bindings,
             "pendingCleanups": [{"id": c.id, "threadId": c.thread_id, "reason": c.reason, "lastError": c.last_error}
@@ -88,5 +90,5 @@ class StatusView:
             "budget": self._outbound.budget_view(),
             "rotation": await self._rotation.occupancy(),
             "stats": dict(self._router.stats, registrations=self._registrations.count,
-                          delivered=self._roster.hub.delivered, sent=self._outbound.sent),
+                          delivered=self._delivery.delivered, sent=self._outbound.sent),
         }

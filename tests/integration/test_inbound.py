@@ -93,12 +93,12 @@ class Polled:
         conn = self.env.connections[instance]
         for d in conn.deliveries():
             await self.services.followers.receipt(conn, d["deliveryId"])
-        await self.services.roster.hub.flush()
+        await self.services.delivery.flush()
 
     def go_offline(self, instance: str) -> None:
         """The follower's socket dropped and it was pruned: its binding and topic remain."""
         self.services.followers.connection_closed(self.env.connections[instance])
-        self.services.roster.registry.remove(instance)
+        self.services.roster.drop(instance)
 
     async def statuses(self) -> list[str]:
         assert self.env.db is not None
