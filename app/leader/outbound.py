@@ -18,8 +18,8 @@ Answers to button presses (``answerCallbackQuery``) are not its calls: they have
 their own (``leader/press_answers``), whose calls a second are taken off the scheduler's share of the
 bot's (:meth:`OutboundOptions.scheduler_budget`), so no storm of presses can delay output.
 
-Telegram calls go out one at a time, each checked against the budget when it goes and counted when
-its answer came, as ever. What surrounds an output call — reading the payloads, settling the rows in
+Telegram calls go out one at a time on the term's wire (``leader/wire``), each checked against the
+budget here when it goes and counted there when its answer came. What surrounds an output call — reading the payloads, settling the rows in
 SQLite, reading the topic's heads again — runs as a *step* of its own task, so up to
 ``STEPS_IN_FLIGHT`` topics (each at most one step, so order inside a topic holds) are prepared and
 settled while another topic's call is on the wire. A step's calls wait for the wire with their
@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
@@ -46,9 +45,9 @@ from topicbus.core.press_answers import PressAnswerConfig, scheduler_share
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicKey, TopicOutput
 from topicbus.leader.term import LeaderTerm
+from topicbus.leader.wire import CALL_DEADLINE_S, TelegramWire, WireCall
 from topicbus.storage.outbox import OutboxRepository
 
-CALL_DEADLINE_S = 60.0
 WAKE_DEBOUNCE_S = 0.02
 STEPS_IN_FLIGHT = 4  # topics with a step in progress at once (each topic at most one)
 PRESSURE_RECHECK_S = 1.0  # an Unbutton step skipped under pressure is looked at again this soon
@@ -75,18 +74,6 @@ class OutboundOptions:
                                                                        self.press_answers))
 
 
-@dataclass
-class _Call:
-    priority: Priority
-    key: TopicKey
-    spends: bool
-    fn: Callable[[], Awaitable[CallResult]]
-    future: asyncio.Future[CallResult]
-    deadline: float
-    seq: int
-    output: bool = False  # a call of an output step: tried once, its outcome settled by the step
-
-
 class OutboundScheduler:
     def __init__(self, term: LeaderTerm, gateway: TelegramGateway, options: OutboundOptions,
                  on_topic_gone: Callable[[int, int], Awaitable[object]] | None = None,
@@ -96,22 +83,21 @@ class OutboundScheduler:
         self.options = options
         self.budget = ChatBudget(options.scheduler_budget())
         self._output = options.output
-        self._sender = OutputSender(term, gateway, self._output_call, options.output, wake=self.wake,
-                                    on_topic_gone=on_topic_gone, keyboards=keyboards)
-        self.stats = self._sender.stats
-        self._topics: dict[TopicKey, TopicOutput] = {}
-        self._calls: deque[_Call] = deque()
-        self._dirty: set[TopicKey] = set()
-        self._rescan = True
         self._wake = asyncio.Event()
         self._call_waiting = asyncio.Event()  # ends the output debounce: a call never waits for it
+        # The one call on the wire and the calls waiting for it; the output steps put theirs there too.
+        self._wire = TelegramWire(self.budget, self._wake, self._call_waiting)
+        self._sender = OutputSender(term, gateway, self._wire, options.output, on_topic_gone=on_topic_gone,
+                                    keyboards=keyboards)
+        self.stats = self._sender.stats
+        self._topics: dict[TopicKey, TopicOutput] = {}
+        self._dirty: set[TopicKey] = set()
+        self._rescan = True
         self._task: asyncio.Task[None] | None = None
-        self._calling: asyncio.Task[None] | None = None  # the one Telegram call on the wire
         self._steps: dict[TopicKey, asyncio.Task[None]] = {}  # the steps in progress, one per topic at most
         self._spending_since: dict[TopicKey, float] = {}  # when each spending step in progress began
-        self._hurry = False  # a call or a step ended: plan again without the debounce
+        self._hurry = False  # a step ended (or, the wire's ``answered``, a call): plan again without the debounce
         self._served = itertools.count(1)
-        self._seq = itertools.count()
 
     # --- life -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -119,17 +105,16 @@ class OutboundScheduler:
             self._task = asyncio.create_task(self._run(), name="outbound-scheduler")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, self._calling, *self._steps.values()) if t is not None]
+        """The term ends: nothing is planned any more; calls still waiting (and any made later) are
+        answered as ambiguous at once."""
+        tasks = [t for t in (self._task, *self._steps.values()) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._task = self._calling = None
+        self._task = None
         self._steps.clear()
         self._spending_since.clear()
-        while self._calls:
-            call = self._calls.popleft()
-            if not call.future.done():
-                call.future.set_result(CallResult(Outcome.AMBIGUOUS, "leader stopping"))
+        await self._wire.close()
 
     def wake(self, chat_id: int | None = None, thread_id: int | None = None) -> None:
         """The outbox changed (for one topic, or for any when no chat is given)."""
@@ -145,20 +130,7 @@ class OutboundScheduler:
                    deadline_s: float = CALL_DEADLINE_S) -> CallResult:
         """Run one Bot API call when the budget allows it. ``RetryAfter`` is retried (the call did not
         happen) until ``deadline_s``; a BACKGROUND call is skipped while the budget is under pressure."""
-        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self._calls.append(_Call(priority, (chat_id, thread_id), spends, fn, future,
-                                 time.monotonic() + deadline_s, next(self._seq)))
-        self._wake.set()
-        self._call_waiting.set()
-        return await future
-
-    async def _output_call(self, priority: Priority, key: TopicKey, spends: bool,
-                           fn: Callable[[], Awaitable[CallResult]]) -> CallResult:
-        """A call of an output step, on the wire in its turn; its outcome goes back to the step."""
-        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self._calls.append(_Call(priority, key, spends, fn, future, float("inf"), next(self._seq), output=True))
-        self._wake.set()
-        return await future
+        return await self._wire.call(priority, chat_id, thread_id, fn, spends=spends, deadline_s=deadline_s)
 
     # --- views --------------------------------------------------------------------------------------
     def owner_spoke(self, chat_id: int, thread_id: int | None) -> None:
@@ -235,9 +207,9 @@ class OutboundScheduler:
                 continue
             # A call (a topic to create, a choice to show) goes at once, and so does the next step once
             # one ended or while steps are in progress; new output alone: let a burst of sends land first.
-            if not (self._calls or self._hurry or self._steps or self._calling):
+            if not (self._wire.waiting or self._hurry or self._wire.answered or self._steps or self._wire.busy):
                 await self._debounce()
-            self._hurry = False
+            self._hurry = self._wire.answered = False
 
     async def _debounce(self) -> None:
         """Output: let a burst of sends land before planning. A call (a topic to create or delete, a
@@ -276,12 +248,11 @@ class OutboundScheduler:
         best: tuple[tuple[int, int, int], Any] | None = None
         next_at = float("inf")
         pressure = self.budget.under_pressure(now)
-        for call in list(self._calls):
+        for call in list(self._wire.waiting):
             if call.priority is Priority.BACKGROUND and pressure:
-                self._calls.remove(call)
-                call.future.set_result(CallResult(Outcome.REJECTED, SKIPPED))
+                self._wire.skip(call, CallResult(Outcome.REJECTED, SKIPPED))
                 continue
-            if self._calling is not None:
+            if self._wire.busy:
                 continue  # one call on the wire at a time; the loop is woken when it ends
             ready = self.budget.ready_at(now, call.priority, spends=call.spends)
             if ready > now:
@@ -335,9 +306,10 @@ class OutboundScheduler:
 
     # --- doing it -----------------------------------------------------------------------------------
     def _dispatch(self, chosen: Any, now: float) -> None:
-        if isinstance(chosen, _Call):
-            self._calls.remove(chosen)
-            self._calling = asyncio.create_task(self._execute_call(chosen), name="outbound-call")
+        if isinstance(chosen, WireCall):
+            if not chosen.output and chosen.key in self._topics:
+                self._topics[chosen.key].served = next(self._served)
+            self._wire.send(chosen)
             return
         key, topic, step = chosen
         topic.served = next(self._served)
@@ -359,30 +331,6 @@ class OutboundScheduler:
             self._dirty.add(key)  # read its heads again before its next step
             self._hurry = True
             self._wake.set()
-
-    async def _execute_call(self, call: _Call) -> None:
-        if not call.output and call.key in self._topics:
-            self._topics[call.key].served = next(self._served)
-        try:
-            result = await call.fn()
-        except asyncio.CancelledError:
-            if not call.future.done():
-                call.future.set_result(CallResult(Outcome.AMBIGUOUS, "leader stopping"))
-            raise
-        except Exception as exc:  # noqa: BLE001 - a gateway never raises; this is a bug guard
-            result = CallResult(Outcome.AMBIGUOUS, type(exc).__name__)
-        finally:
-            self.budget.record(time.monotonic(), spends=call.spends, priority=call.priority)
-            self._calling = None
-            self._hurry = True
-            self._wake.set()
-        if result.outcome is Outcome.RETRY_AFTER:
-            self.budget.pause(time.monotonic(), result.retry_after_s)  # before any other call goes
-            if not call.output and time.monotonic() + result.retry_after_s < call.deadline:
-                self._calls.appendleft(call)
-                return
-        if not call.future.done():
-            call.future.set_result(result)
 
 
 class ScheduledGateway:
