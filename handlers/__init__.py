@@ -22,9 +22,10 @@ def register_all(app: Application, services: LeaderServices, *, chat_id: int, ow
     control.register(app, desk=services.control_desk, status=services.status, control=services.control,
                      notices=services.notices, spawn=services.term.spawn, chat_id=chat_id, owner_ids=owner_ids)
     # Same group as the routing handlers and before them: a reserved command is never routed.
-    agent_commands.register(app, commands=services.agent_commands, control=services.control, chat_id=chat_id,
-                            owner_ids=owner_ids)
-    topic_messages.register(app, router=services.router, control=services.control, chat_id=chat_id,
-                            owner_ids=owner_ids)
+    agent_commands.register(app, commands=services.agent_commands, batches=services.batches, control=services.control,
+                            chat_id=chat_id, owner_ids=owner_ids)
+    topic_messages.register(app, router=services.router, batches=services.batches, control=services.control,
+                            chat_id=chat_id, owner_ids=owner_ids)
     outside.register(app, notices=services.notices, control=services.control, chat_id=chat_id, owner_ids=owner_ids)
-    buttons.register(app, presses=services.buttons, outbound=services.outbound, owner_ids=owner_ids)
+    buttons.register(app, presses=services.buttons, batches=services.batches, outbound=services.outbound,
+                     owner_ids=owner_ids)

@@ -36,7 +36,7 @@ from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.inbound import InboundScreen, age_text, combine_album, control_item, preview
 from topicbus.leader.notices import Notices
 from topicbus.leader.roster import Roster
-from topicbus.leader.routing import Router
+from topicbus.leader.routing import InboundBatch, Router
 from topicbus.leader.term import LeaderTerm
 from topicbus.protocol import CAP_CONTROL, CAP_SCREEN
 from topicbus.storage.db import AuthorityLost
@@ -223,13 +223,14 @@ class AgentCommands:
         self.sent = 0
 
     async def handle(self, chat_id: int, thread_id: int, command: str, *, update_id: int,
-                     message_id: int | None = None, typed_at_ms: int | None = None) -> bool:
+                     message_id: int | None = None, typed_at_ms: int | None = None,
+                     batch: InboundBatch | None = None) -> bool:
         """One reserved command typed in a topic; False when the topic is not an agent's. What
-        the owner sent before it in the same batch is journaled and delivered first."""
+        the owner sent before it in the same ``batch`` is journaled and delivered first."""
         binding_key = await self._router.binding_for_topic(chat_id, thread_id)
         if binding_key is None:
             return False
-        await self._router.flush_batch()
+        await self._router.flush(batch)
         online = self._router.live_follower(binding_key) is not None
         if command in CONTROL_ACTIONS:
             await self.send_control(binding_key, command, message_id=message_id, typed_at_ms=typed_at_ms,

@@ -38,7 +38,7 @@ from topicbus.leader.reactions import ReceiptReactions, reaction_emoji
 from topicbus.leader.registration import Registrations
 from topicbus.leader.roster import Roster
 from topicbus.leader.rotation import SlotRotation
-from topicbus.leader.routing import Router
+from topicbus.leader.routing import InboundBatches, Router
 from topicbus.leader.status import StatusView
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.titles import DEBOUNCE_S, DisplayReconciler
@@ -70,6 +70,7 @@ class LeaderServices:
     outbound: OutboundScheduler
     notices: Notices
     router: Router
+    batches: InboundBatches
     registrations: Registrations
     control_desk: ControlDesk
     status: StatusView
@@ -143,6 +144,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     # is told it is offline.
     router = Router(term, roster, delivery, gateway, notices, outbound, timers=timers, being_bound=being_bound,
                     transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000)
+    # Each getUpdates answer is one batch, journaled in one transaction before the poller confirms it.
+    batches = InboundBatches(router)
     agent_commands = AgentCommands(term, router, roster, delivery, notices,
                                    OfflineQueue(term, journal, notices, screen, timers))
     buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers)
@@ -159,6 +162,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                           mutations=mutations, preferences=preferences,
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
+                          batches=batches,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,
                           agent_commands=agent_commands, reactions=reactions, keyboards=keyboards,
                           press_answers=press_answers, buttons=buttons, transcriber=transcriber)

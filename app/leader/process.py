@@ -397,11 +397,11 @@ class Leadership:
             self.health.lease_refreshed()
 
     def _journaled_batch(self, services: LeaderServices) -> Callable[[float], AbstractAsyncContextManager[None]]:
-        """The router's inbound batch, reporting to the health whether the journal took it."""
+        """One getUpdates answer's inbound batch, reporting to the health whether the journal took it."""
         @asynccontextmanager
         async def batch(received_at: float) -> AsyncIterator[None]:
             try:
-                async with services.router.inbound_batch(received_at):
+                async with services.batches.open(received_at):
                     yield
             except StorageUnavailable as exc:
                 self.health.journal_failed(str(exc)[:200])

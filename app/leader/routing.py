@@ -1,10 +1,11 @@
 """Routing both ways: owner messages to their follower, follower output to the outbox.
 
 Inbound: journal first, then deliver; an item leaves the journal only on the follower's receipt
-(at-least-once, followers drop duplicates by ``deliveryId``). Inside :meth:`Router.inbound_batch`
-owner messages are only queued; the whole ``getUpdates`` batch is journaled in one transaction when
-the batch closes, before the poller confirms those updates. A reserved command in the batch first
-flushes what was queued before it (:meth:`Router.flush_batch`), so it acts after those messages.
+(at-least-once, followers drop duplicates by ``deliveryId``). A ``getUpdates`` answer is an
+:class:`InboundBatch`, an explicit object the handlers pass to the router: owner messages routed with
+a batch are only queued in it, and the whole batch is journaled in one transaction when it closes
+(:meth:`InboundBatches.open`), before the poller confirms those updates. A reserved command in the
+batch first flushes what was queued before it (:meth:`Router.flush`), so it acts after those messages.
 
 Albums: each part is journaled as it arrives (``gathering``), so a confirmed update is never only in
 memory. The parts of one ``media_group_id`` are sealed into one ``media`` item about
@@ -91,6 +92,22 @@ class RouteResult:
     delivery_id: str | None = None
 
 
+class InboundBatch:
+    """The owner messages of one ``getUpdates`` answer, queued to be journaled together.
+    ``received_at`` (perf_counter) is when the answer arrived, for the route-latency figure."""
+
+    def __init__(self, received_at: float | None = None):
+        self.rows: list[Row] = []
+        self.received_at = received_at
+
+    def age_s(self) -> float:
+        """How long ago the ``getUpdates`` answer arrived: an update's age when its handler runs (a
+        press's answer is due about 15 s after it arrived)."""
+        if self.received_at is None:
+            return 0.0
+        return max(0.0, time.perf_counter() - self.received_at)
+
+
 class Router:
     def __init__(self, term: LeaderTerm, roster: Roster, delivery: DeliveryHub, gateway: ScheduledGateway,
                  notices: Notices, outbound: OutboundScheduler, *, timers: Timers | None = None,
@@ -119,8 +136,6 @@ class Router:
         self._bindings = BindingRepository(term.db)
         self.journal = JournalRepository(term.db)
         self.outbox = OutboxRepository(term.db)
-        self._batch: list[Row] | None = None
-        self._batch_received_at: float | None = None
         self._journal_lock = asyncio.Lock()
         self._target_cache: dict[tuple[int, int], str] = {}
         self.latency = LatencyWindow()
@@ -147,16 +162,18 @@ class Router:
                 self._outbound.stream_ends(binding.chat_id, binding.thread_id)
 
     async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
-                                  payload: dict[str, Any], *, media_group: str | None = None) -> RouteResult:
+                                  payload: dict[str, Any], *, media_group: str | None = None,
+                                  batch: InboundBatch | None = None) -> RouteResult:
         """Journal one owner item (message, media, edit) for the binding of its topic, then deliver
-        it. ``media_group``: the album this part belongs to (delivered with its album, once)."""
+        it; with a ``batch``, only queue it there (journaled when the batch is flushed or closes).
+        ``media_group``: the album this part belongs to (delivered with its album, once)."""
         binding_key = await self.binding_for_topic(chat_id, thread_id)
         if binding_key is None:
             self.stats["ignored"] += 1
             return RouteResult(False, "unknown-topic")
         row: Row = (update_id, binding_key, payload, media_group or None)
-        if self._batch is not None:
-            self._batch.append(row)
+        if batch is not None:
+            batch.rows.append(row)
             return RouteResult(True, "queued")
         items = await self._journal_and_deliver([row])
         if not items:
@@ -199,35 +216,15 @@ class Router:
         self._target_cache[(chat_id, thread_id)] = binding.binding_key
         return binding.binding_key
 
-    @asynccontextmanager
-    async def inbound_batch(self, received_at: float | None = None) -> AsyncIterator[None]:
-        """Collect the owner messages of one getUpdates batch and journal them together.
-        ``received_at`` (perf_counter) is when the batch arrived, for the route-latency figure."""
-        self._batch, self._batch_received_at = [], received_at
-        try:
-            yield
-            batch = self._batch
-        finally:
-            self._batch = None
-        if batch:
-            await self._journal_and_deliver(batch, received_at)
-
-    def batch_age_s(self) -> float:
-        """How long ago the getUpdates batch being handled arrived (0 outside a batch): an update's
-        age when its handler runs (a press's answer is due about 15 s after it arrived)."""
-        if self._batch is None or self._batch_received_at is None:
-            return 0.0
-        return max(0.0, time.perf_counter() - self._batch_received_at)
-
-    async def flush_batch(self) -> None:
-        """Journal and deliver the owner messages queued so far in this batch, now: a reserved
-        command then acts after the messages sent before it. Outside a batch: nothing to do."""
-        if self._batch:
-            rows = list(self._batch)
-            await self._journal_and_deliver(rows, self._batch_received_at)
+    async def flush(self, batch: InboundBatch | None) -> None:
+        """Journal and deliver the owner messages queued so far in ``batch``, now: a reserved
+        command then acts after the messages sent before it. Without a batch: nothing to do."""
+        if batch is not None and batch.rows:
+            rows = list(batch.rows)
+            await self._journal_and_deliver(rows, batch.received_at)
             # Only once journaled: if that failed, the rows stay in the batch, whose close journals
             # them again (duplicates are dropped by update id) or does not confirm the batch.
-            del self._batch[:len(rows)]
+            del batch.rows[:len(rows)]
 
     async def _journal_and_deliver(self, rows: list[Row], received_at: float | None = None) -> list[JournalItem]:
         authority = self._term.authority()
@@ -278,12 +275,13 @@ class Router:
         return self._transcriber.verdict(row[2])
 
     async def route_bound(self, update_id: int, binding_key: str, payload: dict[str, Any], *, for_instance: str,
-                          claim: Callable[[UnitOfWork], Awaitable[bool]]) -> JournalItem | None:
+                          claim: Callable[[UnitOfWork], Awaitable[bool]],
+                          batch: InboundBatch | None = None) -> JournalItem | None:
         """Journal a generation-bound item (a button press) for one follower process, in the same
         transaction as ``claim`` (which records that the press was taken: the two commit together or
         not at all), then deliver it. None when ``claim`` refused or the update was journaled before.
-        What the owner sent before it in this ``getUpdates`` batch is journaled and delivered first."""
-        await self.flush_batch()
+        What the owner sent before it in its ``batch`` is journaled and delivered first."""
+        await self.flush(batch)
         authority = self._term.authority()
         async with self._journal_lock:  # appends and their first delivery stay in journal order
             async with self._term.unit_of_work(authority) as uow:
@@ -456,3 +454,26 @@ class Router:
         cutoff = self._term.now_ms() - keep_ms
         return (await self.journal.purge_delivered(cutoff, authority),
                 await self.outbox.purge_sent(cutoff, authority))
+
+
+class InboundBatches:
+    """The ``getUpdates`` answer whose updates the handlers are running now: the poller opens an
+    :class:`InboundBatch` around each answer (:meth:`open`), and the handlers pass ``current`` to the
+    router with each owner message. Between answers ``current`` is None (the router then journals a
+    message at once)."""
+
+    def __init__(self, router: Router):
+        self._router = router
+        self.current: InboundBatch | None = None
+
+    @asynccontextmanager
+    async def open(self, received_at: float | None = None) -> AsyncIterator[InboundBatch]:
+        """One answer's batch, journaled (what is left of it) when the block ends without an error;
+        after an error nothing is journaled and the poller does not confirm the answer."""
+        batch = InboundBatch(received_at)
+        self.current = batch
+        try:
+            yield batch
+        finally:
+            self.current = None
+        await self._router.flush(batch)

@@ -60,7 +60,7 @@ class Polled:
     def _poll(self) -> None:
         assert self.env.app is not None
         handlers.register_all(self.env.app, self.services, chat_id=CHAT, owner_ids=frozenset({DEFAULT_USER_ID}))
-        self.poller = UpdatePoller(self.env.app, timeout_s=0.5, batch=self.services.router.inbound_batch)
+        self.poller = UpdatePoller(self.env.app, timeout_s=0.5, batch=self.services.batches.open)
         self.poller.start()
 
     async def stop(self) -> None:
@@ -436,13 +436,13 @@ async def test_a_reserved_command_flushes_the_batch_before_it_and_a_failed_flush
         raise StorageUnavailable("database is locked")
 
     text = {"type": "message", "text": "before", "messageId": 1}
-    async with router.inbound_batch():
-        await router.route_owner_message(1, CHAT, r["threadId"], text)
+    async with services.batches.open() as batch:
+        await router.route_owner_message(1, CHAT, r["threadId"], text, batch=batch)
         journal.append_many = unavailable_once  # type: ignore[method-assign]
         with pytest.raises(StorageUnavailable):
-            await services.agent_commands.handle(CHAT, r["threadId"], "interrupt", update_id=2)
+            await services.agent_commands.handle(CHAT, r["threadId"], "interrupt", update_id=2, batch=batch)
         # The poller retries the command's update: this time the flush journals "before" first.
-        await services.agent_commands.handle(CHAT, r["threadId"], "interrupt", update_id=2)
+        await services.agent_commands.handle(CHAT, r["threadId"], "interrupt", update_id=2, batch=batch)
     items = [d["item"] for d in env.connections["a"].deliveries()]
     assert [(i["type"], i.get("text") or i.get("action")) for i in items] == [("message", "before"),
                                                                              ("control", "interrupt")]

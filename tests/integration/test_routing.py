@@ -118,9 +118,12 @@ async def test_journal_refuses_a_leader_that_lost_its_lease(env: LeaderEnv):
 async def test_a_batch_is_journaled_in_order_and_repeated_update_ids_count_once(env: LeaderEnv):
     services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
-    async with services.router.inbound_batch():
+    async with services.batches.open() as batch:
         for update_id in (801, 802, 802, 803):
-            await services.router.route_owner_message(update_id, CHAT, r["threadId"], payload(f"u{update_id}"))
+            result = await services.router.route_owner_message(update_id, CHAT, r["threadId"], payload(f"u{update_id}"),
+                                                               batch=batch)
+            assert result.reason == "queued"
+        assert env.connections["a"].deliveries() == []  # nothing journaled before the batch closes
     texts = [d["item"]["text"] for d in env.connections["a"].deliveries()]
     assert texts == ["u801", "u802", "u803"]
 
