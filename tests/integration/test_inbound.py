@@ -18,7 +18,7 @@ from topicbus.leader.routing import EDITS_NOT_TAKEN
 from topicbus.protocol import Capabilities, follower_identity
 from tests.fakebotapi import DEFAULT_USER_ID
 from tests.integration.jobqueue import JobQueueControl
-from tests.integration.leader_env import CHAT, LeaderEnv
+from tests.integration.leader_env import CHAT, Hold, LeaderEnv
 
 WAIT = 10.0  # condition deadlines: long-poll 0.5 s, album window 1 s, outbox rescans, a busy box
 
@@ -369,6 +369,26 @@ async def test_a_control_never_reaches_a_successor(env: LeaderEnv, polled: Polle
                                                          notify=False)
     assert pressed.sent and polled.items("second")[-1] == {"type": "control", "action": "interrupt", "messageId": 77}
     assert [i["type"] for i in polled.items("second")] == ["message", "control"]
+
+
+async def test_a_control_command_waiting_for_telegram_holds_up_no_other_update(env: LeaderEnv, polled: Polled):
+    services = await polled.start()
+    await env.register("a", cwd="/w")
+    control = services.control.thread_id
+    assert control is not None
+    title_edit = Hold(env.fake, "editForumTopic")  # /mode's title edit is answered when the test says so
+    env.fake.push_message(CHAT, "/mode names", thread_id=control)
+    await title_edit.entered.wait()
+    # While /mode waits for Telegram, the poller goes on: the next update is handled, journaled and
+    # delivered, and polling is confirmed past both.
+    thread = (await env.binding("/w")).thread_id
+    env.fake.push_message(CHAT, "meanwhile", thread_id=thread)
+    (meanwhile,) = await polled.wait_items("a", 1)
+    assert meanwhile["text"] == "meanwhile"
+    await polled.confirmed()
+    assert not any("Display mode is now" in t for t in polled.texts_in(control))
+    title_edit.release.set()
+    await polled.wait_notice(control, "Display mode is now names (1 titles changed)")
 
 
 # --- the offline queue ---------------------------------------------------------------------------------
