@@ -74,6 +74,23 @@ class OutboundOptions:
                                                                        self.press_answers))
 
 
+@dataclass(frozen=True)
+class OutboundFigures:
+    """The scheduler's figures at one moment: the budget spent in the last window, the chat's allowance
+    a minute and any pause left, what waits (items, UTF-16 units), and this term's edits, files, units
+    sent and Telegram messages per 1,000 units of output."""
+
+    budget_used: int
+    budget_per_minute: int
+    budget_paused_s: float
+    backlog_items: int
+    backlog_units: int
+    edits: int
+    files: int
+    units_sent: int
+    messages_per_kb: float
+
+
 class OutboundScheduler:
     def __init__(self, term: LeaderTerm, gateway: TelegramGateway, options: OutboundOptions,
                  on_topic_gone: Callable[[int, int], Awaitable[object]] | None = None,
@@ -157,20 +174,19 @@ class OutboundScheduler:
     def retry_after_hits(self) -> int:
         return self.budget.retry_after_hits
 
-    def metrics(self) -> dict[str, float]:
-        """The budget, the backlog and the economy of output, for /metrics."""
+    def figures(self) -> OutboundFigures:
+        """The budget, the backlog and the economy of output, now (the composition root names them
+        for /metrics)."""
         now = time.monotonic()
         stats = self.stats
         backlog = self.backlog().values()
         spent = stats.messages + stats.edits + stats.files + stats.pings + stats.unbuttoned
-        return {"topicbus_budget_used": self.budget.used(now),
-                "topicbus_budget_per_minute": self.budget.config.per_minute or 0,
-                "topicbus_budget_paused_seconds": max(0.0, self.budget.paused_until - now),
-                "topicbus_outbox_backlog_items": sum(items for items, _ in backlog),
-                "topicbus_outbox_backlog_chars": sum(units for _, units in backlog),
-                "topicbus_outbound_edits_total": stats.edits, "topicbus_outbound_files_total": stats.files,
-                "topicbus_output_chars_total": stats.units_sent,
-                "topicbus_messages_per_kb": spent / (stats.units_sent / 1000) if stats.units_sent else 0.0}
+        return OutboundFigures(budget_used=self.budget.used(now), budget_per_minute=self.budget.config.per_minute or 0,
+                               budget_paused_s=max(0.0, self.budget.paused_until - now),
+                               backlog_items=sum(items for items, _ in backlog),
+                               backlog_units=sum(units for _, units in backlog), edits=stats.edits,
+                               files=stats.files, units_sent=stats.units_sent,
+                               messages_per_kb=spent / (stats.units_sent / 1000) if stats.units_sent else 0.0)
 
     def budget_view(self) -> dict[str, Any]:
         """The chat's allowance for status: spent in the last window, the limits, any pause left."""

@@ -28,6 +28,7 @@ from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
 from topicbus.bot.timers import JobQueueTimers, RunningJobs
+from topicbus.bus import metrics
 from topicbus.bus.metrics import Snapshot
 from topicbus.bus.server import BusLimits, BusServer, TlsConfigurationError, tls_context
 from topicbus.core.clock import Clock, SystemClock
@@ -158,30 +159,39 @@ class LeaderProcess:
     def _metrics(self) -> Snapshot:
         leadership = self.leadership
         services = leadership.services if leadership else None
-        values: dict[str, Any] = {
-            "topicbus_leader": 1 if self.server.role == "leader" else 0,
-            "topicbus_epoch": self.server.epoch,
-            "topicbus_followers": len(services.roster) if services else 0,
-            "topicbus_downloads_active": self.server.downloads.active,
-            "topicbus_downloads_waiting": self.server.downloads.waiting,
+        values: dict[metrics.MetricSpec, Any] = {
+            metrics.LEADER: 1 if self.server.role == "leader" else 0,
+            metrics.EPOCH: self.server.epoch,
+            metrics.FOLLOWERS: len(services.roster) if services else 0,
+            metrics.DOWNLOADS_ACTIVE: self.server.downloads.active,
+            metrics.DOWNLOADS_WAITING: self.server.downloads.waiting,
         }
         if services is not None and leadership is not None:
             router = services.router
+            outbound = services.outbound.figures()
             values.update({
-                "topicbus_routed_total": router.stats["routed"],
-                "topicbus_delivered_total": services.delivery.delivered,
-                "topicbus_registrations_total": services.registrations.count,
-                "topicbus_outbound_sent_total": services.outbound.sent,
-                "topicbus_outbound_retry_after_total": services.outbound.retry_after_hits,
-                "topicbus_updates_seen_total": leadership.poller.updates_seen if leadership.poller else 0,
-                "topicbus_route_latency_ms": {"0.5": router.latency.quantile(0.5) or 0,
-                                              "0.99": router.latency.quantile(0.99) or 0},
-                "topicbus_display_passes_total": services.display.passes,
-                "topicbus_voice_notes_total": {"transcribed": services.transcriber.stats["transcribed"],
-                                               "file": services.transcriber.stats["fell_back"]},
-                "topicbus_display_edits_total": services.display.edits,
-                **services.outbound.metrics(),
-                "topicbus_press_answers_total": services.press_answers.counts,
+                metrics.ROUTED_TOTAL: router.stats["routed"],
+                metrics.DELIVERED_TOTAL: services.delivery.delivered,
+                metrics.REGISTRATIONS_TOTAL: services.registrations.count,
+                metrics.OUTBOUND_SENT_TOTAL: services.outbound.sent,
+                metrics.OUTBOUND_RETRY_AFTER_TOTAL: services.outbound.retry_after_hits,
+                metrics.UPDATES_SEEN_TOTAL: leadership.poller.updates_seen if leadership.poller else 0,
+                metrics.ROUTE_LATENCY_MS: {"0.5": router.latency.quantile(0.5) or 0,
+                                           "0.99": router.latency.quantile(0.99) or 0},
+                metrics.DISPLAY_PASSES_TOTAL: services.display.passes,
+                metrics.VOICE_NOTES_TOTAL: {"transcribed": services.transcriber.stats["transcribed"],
+                                            "file": services.transcriber.stats["fell_back"]},
+                metrics.DISPLAY_EDITS_TOTAL: services.display.edits,
+                metrics.BUDGET_USED: outbound.budget_used,
+                metrics.BUDGET_PER_MINUTE: outbound.budget_per_minute,
+                metrics.BUDGET_PAUSED_SECONDS: outbound.budget_paused_s,
+                metrics.OUTBOX_BACKLOG_ITEMS: outbound.backlog_items,
+                metrics.OUTBOX_BACKLOG_CHARS: outbound.backlog_units,
+                metrics.OUTBOUND_EDITS_TOTAL: outbound.edits,
+                metrics.OUTBOUND_FILES_TOTAL: outbound.files,
+                metrics.OUTPUT_CHARS_TOTAL: outbound.units_sent,
+                metrics.MESSAGES_PER_KB: outbound.messages_per_kb,
+                metrics.PRESS_ANSWERS_TOTAL: services.press_answers.counts,
             })
         return values
 
