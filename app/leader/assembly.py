@@ -31,6 +31,7 @@ from topicbus.leader.inbound import InboundScreen
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundOptions, OutboundScheduler, ScheduledGateway
+from topicbus.leader.output_intake import OutputIntake
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.press_answers import PressAnswerLane
 from topicbus.leader.provisioning import TopicProvisioner
@@ -70,6 +71,7 @@ class LeaderServices:
     outbound: OutboundScheduler
     notices: Notices
     router: Router
+    intake: OutputIntake
     batches: InboundBatches
     registrations: Registrations
     control_desk: ControlDesk
@@ -142,10 +144,12 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=delivery.kick)
     # A follower whose socket dropped has until it would count as stale to reconnect before the owner
     # is told it is offline.
-    router = Router(term, roster, delivery, gateway, notices, outbound, timers=timers, being_bound=being_bound,
+    router = Router(term, roster, delivery, gateway, notices, timers=timers, being_bound=being_bound,
                     transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000)
     # Each getUpdates answer is one batch, journaled in one transaction before the poller confirms it.
     batches = InboundBatches(router)
+    # Follower output is stored in the outbox (within each follower's cap) and wakes the scheduler.
+    intake = OutputIntake(term, roster, outbound)
     agent_commands = AgentCommands(term, router, roster, delivery, notices,
                                    OfflineQueue(term, journal, notices, screen, timers))
     buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers)
@@ -157,12 +161,12 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     status = StatusView(term=term, roster=roster, delivery=delivery, preferences=preferences, control=control,
                         router=router, registrations=registrations, outbound=outbound, rotation=rotation, pruner=pruner)
     followers = FollowerDesk(term=term, roster=roster, registrations=registrations, departures=departures,
-                             router=router)
+                             router=router, intake=intake)
     return LeaderServices(term=term, gateway=gateway, roster=roster, delivery=delivery, admission=admission,
                           mutations=mutations, preferences=preferences,
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
-                          batches=batches,
+                          batches=batches, intake=intake,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,
                           agent_commands=agent_commands, reactions=reactions, keyboards=keyboards,
                           press_answers=press_answers, buttons=buttons, transcriber=transcriber)
@@ -177,7 +181,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
     (default: once, raising on failure); it returns False when the term should not go on."""
     s = services
     authority = s.term.authority()
-    await s.router.end_departed_streams()  # before the first send: a departed follower's last words notify
+    await s.intake.end_departed_streams()  # before the first send: a departed follower's last words notify
     s.outbound.start()  # every Telegram call below (replay, the control topic) goes through it
     await s.preferences.load()
     s.display.startup.begin()

@@ -1,6 +1,6 @@
-"""Routing both ways: owner messages to their follower, follower output to the outbox.
+"""Routing owner messages to their follower.
 
-Inbound: journal first, then deliver; an item leaves the journal only on the follower's receipt
+Journal first, then deliver; an item leaves the journal only on the follower's receipt
 (at-least-once, followers drop duplicates by ``deliveryId``). A ``getUpdates`` answer is an
 :class:`InboundBatch`, an explicit object the handlers pass to the router: owner messages routed with
 a batch are only queued in it, and the whole batch is journaled in one transaction when it closes
@@ -17,15 +17,13 @@ starts with albums still gathering (its predecessor crashed) seals them one wind
 (:meth:`Router.start`), so late parts that Telegram sends again still join their album. Sealing is
 one transaction, so the album is delivered once.
 
-Outbound: a follower's ``follower.send`` is stored durably (idempotent per request id) and the
-outbound sender is woken; Telegram is never called on the bus request's path.
+Follower output goes the other way, into the outbox: ``leader/output_intake``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import re
 import time
 from collections import deque
@@ -42,13 +40,12 @@ from topicbus.core.startup import StartupWindow, Timers
 from topicbus.leader.delivery import DeliveryHub, FollowerConnection
 from topicbus.leader.inbound import combine_album, too_large_files, too_large_notice
 from topicbus.leader.notices import Notices
-from topicbus.leader.outbound import OutboundScheduler, ScheduledGateway
+from topicbus.leader.outbound import ScheduledGateway
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import TopicsBeingBound
 from topicbus.leader.transcription import TRANSCRIBE, Cause, Transcriber
-from topicbus.core.formatting import utf16_len
-from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES, ErrorCode, ProtocolError, SendRequest
+from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.db import Authority, AuthorityLost, UnitOfWork
 from topicbus.storage.journal import JournalItem, JournalRepository
@@ -110,7 +107,7 @@ class InboundBatch:
 
 class Router:
     def __init__(self, term: LeaderTerm, roster: Roster, delivery: DeliveryHub, gateway: ScheduledGateway,
-                 notices: Notices, outbound: OutboundScheduler, *, timers: Timers | None = None,
+                 notices: Notices, *, timers: Timers | None = None,
                  album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None,
                  transcriber: Transcriber | None = None, startup: StartupWindow | None = None,
                  reconnect_grace_s: float = RECONNECT_GRACE_S):
@@ -131,8 +128,6 @@ class Router:
         self._delivery = delivery
         self._gateway = gateway
         self._notices = notices
-        self._outbound = outbound
-        self._backlog: dict[str, list[int]] = {}  # binding key -> [items, bytes], an upper bound
         self._bindings = BindingRepository(term.db)
         self.journal = JournalRepository(term.db)
         self.outbox = OutboxRepository(term.db)
@@ -146,20 +141,6 @@ class Router:
         """A new term: albums left gathering by the previous leader are sealed one window from now."""
         for binding_key, group in await self.journal.gathering_groups():
             self._schedule_seal(binding_key, group)
-
-    async def end_departed_streams(self) -> None:
-        """A new term, before the outbound scheduler sends anything: output still queued for a follower's binding that has no owner is the end of a stream whose
-        follower left (gracefully, after its exit notice, or proven dead) under the previous leader,
-        which died before posting it. It goes as that leader would have sent it: one notifying
-        message where it fits, so no ``✓`` line repeats the exit notice after a restart."""
-        pending = await self.outbox.pending_binding_keys()
-        if not pending:
-            return
-        owned = {owner.binding_key for owner in await self._bindings.owners()}
-        for binding_key in sorted(pending - owned):
-            binding = await self._bindings.get(binding_key)
-            if binding is not None and binding.kind == "follower" and binding.has_live_topic:
-                self._outbound.stream_ends(binding.chat_id, binding.thread_id)
 
     async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
                                   payload: dict[str, Any], *, media_group: str | None = None,
@@ -396,56 +377,6 @@ class Router:
                 logger.bind(phase="files").info("file {} not served: {} ({})", file_id, result.outcome.value,
                                                 result.message)
             yield result.value if result.ok else None
-
-    # --- outbound ---------------------------------------------------------------------------------
-    async def accept_output(self, entry: FollowerRecord, req: SendRequest) -> dict[str, Any]:
-        """Store one follower output item for its own topic (never another one), within the
-        follower's outbox cap (``backlog-full`` beyond it: backpressure, nothing stored)."""
-        target = entry.target
-        assert target is not None
-        if (req.chat_id is not None and req.chat_id != target.chat_id) or (
-                req.thread_id is not None and req.thread_id != target.thread_id):
-            raise ProtocolError(ErrorCode.FOREIGN_TARGET, "A follower may only post into its own topic.")
-        self._roster.heartbeat(entry.instance_id, self._term.now_ms())
-        message = req.message.model_dump(by_alias=True, exclude_none=True)
-        kind = message.pop("type")
-        key = entry.binding_key or ""
-        size = len(json.dumps(message, separators=(",", ":")))
-        await self._check_backlog(key, size)
-        text = message.get("text") or ""
-        try:
-            outbox_id, added = await self.outbox.enqueue(
-                binding_key=key, chat_id=target.chat_id, thread_id=target.thread_id,
-                instance_id=entry.instance_id, request_id=req.request_id, kind=kind, payload=message,
-                now_ms=self._term.now_ms(), authority=self._term.authority(), units=utf16_len(text),
-                fmt=message.get("format"), has_buttons=bool(message.get("buttons")))
-        except AuthorityLost:
-            raise ProtocolError(ErrorCode.NOT_LEADER, "Leader lost its lease while storing the message.") from None
-        if added:
-            counted = self._backlog.setdefault(key, [0, 0])
-            counted[0] += 1
-            counted[1] += size
-        self._outbound.wake(target.chat_id, target.thread_id)
-        return {"outboxId": outbox_id}
-
-    def stream_ends(self, entry: FollowerRecord) -> None:
-        """The follower leaves gracefully: its queued output is the end of its stream, sent as one
-        notifying message where it fits (``core/output``)."""
-        if entry.target is not None:
-            self._outbound.stream_ends(entry.target.chat_id, entry.target.thread_id)
-
-    async def _check_backlog(self, binding_key: str, size: int) -> None:
-        """The in-memory count only ever over-estimates (sent rows are not subtracted); when it says
-        "full", the store says whether that is still true."""
-        options = self._outbound.options
-        counted = self._backlog.get(binding_key)
-        if counted is None or counted[0] + 1 > options.max_items or counted[1] + size > options.max_bytes:
-            items, size_now = await self.outbox.backlog_of(binding_key)
-            counted = self._backlog[binding_key] = [items, size_now]
-        if counted[0] + 1 > options.max_items or counted[1] + size > options.max_bytes:
-            raise ProtocolError(ErrorCode.BACKLOG_FULL,
-                                f"This follower's outbox is full ({counted[0]} items, {counted[1]} bytes waiting "
-                                f"for Telegram); retry later.")
 
     # --- housekeeping -----------------------------------------------------------------------------
     async def purge_history(self, keep_ms: int) -> tuple[int, int]:
