@@ -99,6 +99,7 @@ async def _ptb_measure(app: Any, raw: dict[str, Any], body: str, n: int) -> dict
     from telegram import Update
 
     from topicbus.handlers import topic_messages
+    from topicbus.leader.routing import InboundBatches
     from topicbus.leader.topics import ControlTopic
 
     class _Stub:
@@ -108,8 +109,8 @@ async def _ptb_measure(app: Any, raw: dict[str, Any], body: str, n: int) -> dict
             self.routed += 1
 
     stub = _Stub()
-    topic_messages.register(app, router=stub, control=ControlTopic(thread_id=999_999),  # type: ignore[arg-type]
-                            chat_id=CHAT_ID, owner_ids=frozenset({OWNER_ID}))
+    topic_messages.register(app, router=stub, batches=InboundBatches(stub),  # type: ignore[arg-type]
+                            control=ControlTopic(thread_id=999_999), chat_id=CHAT_ID, owner_ids=frozenset({OWNER_ID}))
     bot = app.bot
     out: dict[str, float] = {}
     out["json.loads of the getUpdates body (1 update)"] = _time_sync(lambda: json.loads(body), n)

@@ -57,7 +57,7 @@ def _pruner(registry: FollowerRegistry, now: Callable[[], int], liveness: Callab
         return None
 
     pruner = FollowerPruner(registry=registry, now_ms=now, stale_after_ms=15_000,
-                            leader_epoch=lambda: 1, profile=lambda: "default", liveness=liveness,
+                            leader_epoch=lambda: 1, liveness=liveness,
                             cleanup_policy=policy, on_confirmed_dead=dead, on_confirmed_dead_preserved=preserved,
                             record_event=record_event)
     pruner.begin()

@@ -20,11 +20,12 @@ def register_all(app: Application, services: LeaderServices, *, chat_id: int, ow
     turns.register(app, outbound=services.outbound, chat_id=chat_id, owner_ids=owner_ids)
     topic_events.register(app, topics=services.topics, chat_id=chat_id, owner_ids=owner_ids)
     control.register(app, desk=services.control_desk, status=services.status, control=services.control,
-                     notices=services.notices, spawn=services.tasks.spawn, chat_id=chat_id, owner_ids=owner_ids)
+                     notices=services.notices, chat_id=chat_id, owner_ids=owner_ids)
     # Same group as the routing handlers and before them: a reserved command is never routed.
-    agent_commands.register(app, commands=services.agent_commands, control=services.control, chat_id=chat_id,
-                            owner_ids=owner_ids)
-    topic_messages.register(app, router=services.router, control=services.control, chat_id=chat_id,
-                            owner_ids=owner_ids)
+    agent_commands.register(app, commands=services.agent_commands, batches=services.batches, control=services.control,
+                            chat_id=chat_id, owner_ids=owner_ids)
+    topic_messages.register(app, router=services.router, batches=services.batches, control=services.control,
+                            chat_id=chat_id, owner_ids=owner_ids)
     outside.register(app, notices=services.notices, control=services.control, chat_id=chat_id, owner_ids=owner_ids)
-    buttons.register(app, presses=services.buttons, outbound=services.outbound, owner_ids=owner_ids)
+    buttons.register(app, presses=services.buttons, batches=services.batches, outbound=services.outbound,
+                     owner_ids=owner_ids)

@@ -17,6 +17,7 @@ from topicbus.core.target import Target
 from topicbus.core.formatting import Entity, Rendered
 from topicbus.leader.buttons import TURN_OUTCOMES, ButtonPresses, Press
 from topicbus.leader.outbound import OutboundScheduler
+from topicbus.leader.routing import InboundBatches
 
 
 def message_as_rendered(message: Message) -> Rendered | None:
@@ -28,8 +29,8 @@ def message_as_rendered(message: Message) -> Rendered | None:
     return Rendered(text, tuple(Entity(e.type, e.offset, e.length, e.language, e.url) for e in entities or ()))
 
 
-def register(app: Application, *, presses: ButtonPresses, outbound: OutboundScheduler, owner_ids: frozenset[int],
-             group: int = 0) -> None:
+def register(app: Application, *, presses: ButtonPresses, batches: InboundBatches, outbound: OutboundScheduler,
+             owner_ids: frozenset[int], group: int = 0) -> None:
     async def pressed(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         query = update.callback_query
         if query is None:
@@ -41,7 +42,8 @@ def register(app: Application, *, presses: ButtonPresses, outbound: OutboundSche
                       chat_id=message.chat.id if message is not None else None, thread_id=thread,
                       message_id=message.message_id if message is not None else None, data=query.data,
                       message=message_as_rendered(text_message) if text_message is not None else None)
-        outcome = await presses.press(press, by_owner=query.from_user.id in owner_ids and not query.from_user.is_bot)
+        outcome = await presses.press(press, by_owner=query.from_user.id in owner_ids and not query.from_user.is_bot,
+                                      batch=batches.current)
         if outcome in TURN_OUTCOMES and press.chat_id is not None:
             outbound.owner_spoke(Target(press.chat_id, press.thread_id))
 

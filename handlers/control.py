@@ -5,9 +5,6 @@ with where it works (:func:`elsewhere_text`): it acts on one agent, so it belong
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any
-
 from telegram import Update
 from telegram.ext import Application, CommandHandler, ContextTypes
 
@@ -68,10 +65,13 @@ def elsewhere_text(command: str) -> str:
 
 
 def register(app: Application, *, desk: ControlDesk, status: StatusView, control: ControlTopic, notices: Notices,
-             spawn: Callable[[Coroutine[Any, Any, Any]], None], chat_id: int, owner_ids: frozenset[int]) -> None:
+             chat_id: int, owner_ids: frozenset[int]) -> None:
     """Answers go to the control topic through the outbox (``notices.answer``): no Telegram call runs
     inside the poll loop. Commands whose work calls Telegram (``/mode`` edits titles, ``/forget`` may
-    delete a topic) run in the background and answer when they are done."""
+    delete a topic) are PTB handlers with ``block=False``: PTB runs each as a task of its own (awaited
+    by ``Application.stop``) and the poller goes on with the next update; they answer when they are
+    done. The Application keeps ``concurrent_updates`` at 1 (and the poller hands it one update at a
+    time): only these handlers run beside the poll loop."""
     where = owner_messages(chat_id, owner_ids) & InThread(lambda: control.thread_id)
     answer = notices.answer  # (text, *, fmt=None)
     grace_s = desk.cleanup_grace_ms / 1000
@@ -100,41 +100,33 @@ def register(app: Application, *, desk: ControlDesk, status: StatusView, control
             await answer(f"Usage: /mode {'|'.join(valid)} (currently {desk.preferences.display_mode}).")
             return
         wanted = DisplayMode(args[0].lower())
-
-        async def apply() -> None:
-            try:
-                changed = await desk.set_display_mode(wanted)
-            except DisplayModeRefused as exc:
-                await answer(str(exc))
-            except AdmissionBlocked as exc:
-                await answer(f"{exc} Try again in a moment.")
-            else:
-                await answer(f"Display mode is now {wanted} ({changed} titles changed).")
-
-        spawn(apply())
+        try:
+            changed = await desk.set_display_mode(wanted)
+        except DisplayModeRefused as exc:
+            await answer(str(exc))
+        except AdmissionBlocked as exc:
+            await answer(f"{exc} Try again in a moment.")
+        else:
+            await answer(f"Display mode is now {wanted} ({changed} titles changed).")
 
     async def forget(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         args = context.args or []
         if len(args) != 1 or len(args[0]) != 1 or not args[0].isalpha():
             await answer("Usage: /forget <slot letter>, e.g. /forget C (/status lists the slots)")
             return
-
-        async def apply() -> None:
-            try:
-                text = await desk.forget_slot(args[0])
-            except AdmissionBlocked as exc:
-                text = f"{exc} Try again in a moment."
-            await answer(text)
-
-        spawn(apply())
+        try:
+            text = await desk.forget_slot(args[0])
+        except AdmissionBlocked as exc:
+            text = f"{exc} Try again in a moment."
+        await answer(text)
 
     async def help_(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         await answer(help_text(grace_s))
 
     app.add_handler(CommandHandler("status", status_, filters=where), group=0)
     app.add_handler(CommandHandler("cleanup", cleanup, filters=where), group=0)
-    app.add_handler(CommandHandler("mode", mode, filters=where), group=0)
-    app.add_handler(CommandHandler("forget", forget, filters=where), group=0)
+    app.add_handler(CommandHandler("mode", mode, filters=where, block=False), group=0)
+    app.add_handler(CommandHandler("forget", forget, filters=where, block=False), group=0)
     app.add_handler(CommandHandler("help", help_, filters=where), group=0)
 
     async def elsewhere(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:

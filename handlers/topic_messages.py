@@ -28,7 +28,7 @@ from topicbus.core.records import EditItem, FileRef, InboundItem, MediaItem, Mes
 from topicbus.handlers.filters import NOT_STATUS_UPDATE, InThread, owner_messages
 from topicbus.leader.agent_commands import parse_reserved
 from topicbus.leader.inbound import is_too_large
-from topicbus.leader.routing import Router
+from topicbus.leader.routing import InboundBatches, Router
 from topicbus.leader.topics import ControlTopic
 
 _ADDRESSED = re.compile(r"/([A-Za-z0-9_]+)@([A-Za-z0-9_]+)")
@@ -133,8 +133,10 @@ def edit_payload(message: Message, *, bot_username: str | None = None) -> EditIt
     return None
 
 
-def register(app: Application, *, router: Router, control: ControlTopic, chat_id: int,
+def register(app: Application, *, router: Router, batches: InboundBatches, control: ControlTopic, chat_id: int,
              owner_ids: frozenset[int]) -> None:
+    """Each owner message goes to the router with the ``getUpdates`` answer it came in
+    (``batches.current``): journaled with the rest of that answer, before the poller confirms it."""
     async def route(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.message
         if message is None or message.message_thread_id is None:
@@ -144,7 +146,7 @@ def register(app: Application, *, router: Router, control: ControlTopic, chat_id
         if payload is None:
             return
         await router.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload,
-                                         media_group=message.media_group_id)
+                                         media_group=message.media_group_id, batch=batches.current)
 
     async def edited(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.edited_message
@@ -153,7 +155,8 @@ def register(app: Application, *, router: Router, control: ControlTopic, chat_id
         payload = edit_payload(message, bot_username=context.bot.username)
         if payload is None:
             return
-        await router.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload)
+        await router.route_owner_message(update.update_id, message.chat_id, message.message_thread_id, payload,
+                                         batch=batches.current)
 
     where = (owner_messages(chat_id, owner_ids) & filters.IS_TOPIC_MESSAGE & ~InThread(lambda: control.thread_id)
              & NOT_STATUS_UPDATE)

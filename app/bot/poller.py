@@ -95,8 +95,11 @@ class UpdatePoller:
         return self._task is not None and self._task.done()
 
     async def handler_error(self, update: object, context: CallbackContext) -> None:
-        """The Application's error handler: remember which update failed so ``_process`` retries it."""
-        if isinstance(update, Update):
+        """The Application's error handler: remember which update failed so ``_process`` retries it.
+        A handler running in the background (``block=False``, ``context.coroutine`` set) is no part of
+        processing the update: its failure is logged by the leader's own error handler, and never
+        makes the poller run the update again."""
+        if isinstance(update, Update) and context.coroutine is None:
             self._failed[update.update_id] = context.error
 
     async def _run(self) -> None:

@@ -63,10 +63,6 @@ class FollowerSocket:
         """More than half of the send queue is taken: deliveries wait (see :meth:`writable`)."""
         return self._queued > self._high
 
-    @property
-    def queued_bytes(self) -> int:
-        return self._queued
-
     async def send_frame(self, frame: Deliver | Superseded) -> None:
         """Queue one frame the leader pushes (converted to the wire here) for the writer. Never waits on
         the socket."""

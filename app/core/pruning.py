@@ -3,8 +3,9 @@ with proof.
 
 A heartbeat gap alone never deletes anything. Each prune pass (``FollowerPruner.tick``):
 
-* captures the leader epoch and Telegram profile once; the pass is *current* while the prune
-  generation, the epoch (which must be known) and the profile are all unchanged;
+* captures the leader epoch once; the pass is *current* while the prune generation and the epoch
+  (which must be known) are unchanged (one term polls one bot, so its Telegram profile cannot change
+  within a term);
 * retries pending *preservation observations* first (as non-fresh attempts), then handles the
   followers that went stale in this pass (fresh attempts);
 * proves process death only through the liveness port returning ``Liveness.DEAD`` for a

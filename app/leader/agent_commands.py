@@ -38,10 +38,11 @@ from topicbus.logsetup import EventJournal
 from collections.abc import Callable
 from topicbus.core.startup import Timers
 from topicbus.core.records import ControlItem, InboundItem
+from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.inbound import InboundScreen, age_text, combine_album, preview
 from topicbus.leader.notices import Notices
 from topicbus.leader.roster import Roster
-from topicbus.leader.routing import Router
+from topicbus.leader.routing import InboundBatch, Router
 from topicbus.leader.term import LeaderTerm, TermTasks, new_operation_id
 from topicbus.protocol import CAP_CONTROL, CAP_SCREEN
 from topicbus.core.authority import AuthorityLost
@@ -220,25 +221,27 @@ class OfflineQueue:
 class AgentCommands:
     """The reserved commands of agent topics, and the control path a button press reuses."""
 
-    def __init__(self, term: LeaderTerm, router: Router, roster: Roster, notices: Notices, queue: OfflineQueue, *,
-                 clock: Clock, new_id: Callable[[], str] = new_operation_id):
+    def __init__(self, term: LeaderTerm, router: Router, roster: Roster, delivery: DeliveryHub, notices: Notices,
+                 queue: OfflineQueue, *, clock: Clock, new_id: Callable[[], str] = new_operation_id):
         self._term = term
         self._clock = clock
         self._new_id = new_id
         self._router = router
         self._roster = roster
+        self._delivery = delivery
         self._notices = notices
         self.queue = queue
         self.sent = 0
 
     async def handle(self, chat_id: int, thread_id: int, command: str, *, update_id: int,
-                     message_id: int | None = None, typed_at_ms: int | None = None) -> bool:
+                     message_id: int | None = None, typed_at_ms: int | None = None,
+                     batch: InboundBatch | None = None) -> bool:
         """One reserved command typed in a topic; False when the topic is not an agent's. What
-        the owner sent before it in the same batch is journaled and delivered first."""
+        the owner sent before it in the same ``batch`` is journaled and delivered first."""
         binding_key = await self._router.binding_for_topic(Target(chat_id, thread_id))
         if binding_key is None:
             return False
-        await self._router.flush_batch()
+        await self._router.flush(batch)
         online = self._router.live_follower(binding_key) is not None
         if command in CONTROL_ACTIONS:
             await self.send_control(binding_key, command, message_id=message_id, typed_at_ms=typed_at_ms,
@@ -295,8 +298,8 @@ class AgentCommands:
             return ControlOutcome(False, "earlier-process", f"{command} was not sent: the agent registered after you "
                                   "typed it, so it was meant for an earlier process. Send it again if you mean this one.")
         delivery_id = f"c-{origin or self._new_id()}"
-        sent = await self._roster.hub.send_now(binding_key, record.instance_id, record.registration_generation,
-                                               delivery_id, ControlItem(action, message_id))
+        sent = await self._delivery.send_now(binding_key, record.instance_id, record.registration_generation,
+                                             delivery_id, ControlItem(action, message_id))
         if not sent:
             return ControlOutcome(False, "offline", f"⏸ {command} was not sent: the agent's connection just dropped. "
                                   "Send it again when the agent is back.")

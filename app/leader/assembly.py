@@ -23,6 +23,7 @@ from telegram.ext import Application
 
 from topicbus import handlers
 from topicbus.bot.gateway import TelegramGateway
+from topicbus.bus import metrics
 from topicbus.core.status import StatusReport
 from topicbus.core.clock import Clock
 from topicbus.core.display import DisplayMode
@@ -40,6 +41,7 @@ from topicbus.leader.inbound import InboundScreen
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.notices import Notices
 from topicbus.leader.outbound import OutboundOptions, OutboundScheduler, ScheduledGateway
+from topicbus.leader.output_intake import OutputIntake
 from topicbus.leader.preferences import Preferences
 from topicbus.leader.press_answers import PressAnswerLane
 from topicbus.leader.provisioning import TopicProvisioner
@@ -48,7 +50,7 @@ from topicbus.leader.reactions import ReceiptReactions, reaction_emoji
 from topicbus.leader.registration import Registrations
 from topicbus.leader.roster import Roster
 from topicbus.leader.rotation import SlotRotation
-from topicbus.leader.routing import Router
+from topicbus.leader.routing import InboundBatch, InboundBatches, Router
 from topicbus.leader.status import StatusView
 from topicbus.leader.term import LeaderTerm, TermTasks
 from topicbus.leader.titles import DEBOUNCE_S, DisplayReconciler
@@ -70,8 +72,8 @@ class LeaderServices:
     tasks: TermTasks
     events: EventJournal
     gateway: ScheduledGateway
-    hub: DeliveryHub
     roster: Roster
+    delivery: DeliveryHub
     admission: Admission
     mutations: FollowerMutationQueue
     preferences: Preferences
@@ -85,6 +87,8 @@ class LeaderServices:
     outbound: OutboundScheduler
     notices: Notices
     router: Router
+    intake: OutputIntake
+    batches: InboundBatches
     registrations: Registrations
     control_desk: ControlDesk
     status: StatusView
@@ -128,8 +132,8 @@ def assemble(term: LeaderTerm, *, db: Database, bot: Bot, clock: Clock, events: 
     # The receipt reaction is the lowest-priority call, skipped while output is held back.
     reactions = ReceiptReactions(react=gateway.set_message_reaction, chat_id=chat_id,
                                  emoji=reaction_emoji(receipt_reaction), spawn=tasks.spawn)
-    hub = DeliveryHub(store.journal, clock, term.authority, screen=screen, on_delivered=reactions.on_delivered)
-    roster = Roster(hub, registry)
+    delivery = DeliveryHub(store.journal, clock, term.authority, screen=screen, on_delivered=reactions.on_delivered)
+    roster = Roster(delivery, registry)
     admission = sqlite.admission(term.owner, clock.now_ms, term.authority)
     mutations = FollowerMutationQueue()
     preferences = Preferences(term, default_cleanup=default_cleanup, default_display_mode=default_display_mode, store=store, clock=clock, events=events)
@@ -149,7 +153,7 @@ def assemble(term: LeaderTerm, *, db: Database, bot: Bot, clock: Clock, events: 
                             display.schedule)
     pruner = FollowerPruner(
         registry=registry, now_ms=clock.now_ms, stale_after_ms=stale_after_ms,
-        leader_epoch=lambda: term.epoch, profile=lambda: "default",
+        leader_epoch=lambda: term.epoch,
         liveness=lambda r: liveness.probe(r.pid, r.process_birth_id, r.host_id),
         cleanup_policy=preferences.cleanup_policy, on_confirmed_dead=departures.confirmed_dead,
         on_confirmed_dead_preserved=departures.confirmed_dead_preserved, record_event=events.record,
@@ -159,30 +163,37 @@ def assemble(term: LeaderTerm, *, db: Database, bot: Bot, clock: Clock, events: 
     being_bound = TopicsBeingBound()
     # Voice notes as text: downloaded through the gateway (no budget spent), transcribed in the
     # background, released into the binding's delivery (kick) once the transcript is in.
-    transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=hub.kick,
+    transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=delivery.kick,
                               store=store, clock=clock, tasks=tasks)
     # A follower whose socket dropped has until it would count as stale to reconnect before the owner
     # is told it is offline.
-    router = Router(term, roster, gateway, notices, outbound, timers=timers, being_bound=being_bound,
-                    transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000, store=store, clock=clock, events=events)
+    router = Router(term, roster, delivery, gateway, notices, timers=timers, being_bound=being_bound,
+                    transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000,
+                    store=store, clock=clock, events=events)
+    # Each getUpdates answer is one batch, journaled in one transaction before the poller confirms it.
+    batches = InboundBatches(router)
+    # Follower output is stored in the outbox (within each follower's cap) and wakes the scheduler.
+    intake = OutputIntake(term, roster, outbound, store=store, clock=clock, events=events)
     offline = OfflineQueue(term, store.journal, notices, screen, timers, clock=clock, events=events, tasks=tasks)
-    agent_commands = AgentCommands(term, router, roster, notices, offline, clock=clock)
+    agent_commands = AgentCommands(term, router, roster, delivery, notices, offline, clock=clock)
     buttons = ButtonPresses(term, router, agent_commands, gateway, press_answers, store=store, clock=clock, tasks=tasks)
-    registrations = Registrations(term=term, roster=roster, provisioner=provisioner, rotation=rotation,
-                                  admission=admission, mutations=mutations, pruner=pruner, titles=titles,
-                                  control=control, on_roster_change=display.schedule, being_bound=being_bound,
-                                  tasks=tasks, chat_id=chat_id, store=store, clock=clock, events=events)
+    registrations = Registrations(term=term, roster=roster, delivery=delivery, provisioner=provisioner,
+                                  rotation=rotation, admission=admission, mutations=mutations, pruner=pruner,
+                                  titles=titles, control=control, on_roster_change=display.schedule,
+                                  being_bound=being_bound, tasks=tasks, chat_id=chat_id, store=store, clock=clock,
+                                  events=events)
     control_desk = ControlDesk(term=term, roster=roster, preferences=preferences, admission=admission,
                                display=display, departures=departures, pruner=pruner, store=store, events=events)
-    status = StatusView(term=term, roster=roster, preferences=preferences, control=control, router=router,
-                        registrations=registrations, outbound=outbound, rotation=rotation, pruner=pruner,
-                        store=store, clock=clock, chat_id=chat_id)
+    status = StatusView(term=term, roster=roster, delivery=delivery, preferences=preferences, control=control,
+                        router=router, registrations=registrations, outbound=outbound, rotation=rotation,
+                        pruner=pruner, store=store, clock=clock, chat_id=chat_id)
     followers = FollowerDesk(roster=roster, registrations=registrations, departures=departures, router=router,
-                             events=events)
-    return LeaderServices(term=term, store=store, tasks=tasks, events=events, gateway=gateway, hub=hub, roster=roster,
-                          admission=admission, mutations=mutations, preferences=preferences, control=control,
-                          titles=titles, display=display, topics=topics, rotation=rotation, departures=departures,
-                          pruner=pruner, outbound=outbound, notices=notices, router=router,
+                             intake=intake, events=events)
+    return LeaderServices(term=term, store=store, tasks=tasks, events=events, gateway=gateway, delivery=delivery,
+                          roster=roster, admission=admission, mutations=mutations, preferences=preferences,
+                          control=control, titles=titles, display=display, topics=topics, rotation=rotation,
+                          departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
+                          batches=batches, intake=intake,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,
                           agent_commands=agent_commands, reactions=reactions, keyboards=keyboards,
                           press_answers=press_answers, buttons=buttons, transcriber=transcriber)
@@ -197,7 +208,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
     (default: once, raising on failure); it returns False when the term should not go on."""
     s = services
     authority = s.term.authority()
-    await s.router.end_departed_streams()  # before the first send: a departed follower's last words notify
+    await s.intake.end_departed_streams()  # before the first send: a departed follower's last words notify
     s.outbound.start()  # every Telegram call below (replay, the control topic) goes through it
     await s.preferences.load()
     s.display.startup.begin()
@@ -211,7 +222,6 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
         await s.registrations.provision_control_topic()
     elif not await provision_control():
         return False
-    s.outbound.start()
     s.press_answers.start()
     await s.router.start()
     await s.transcriber.resume()  # voice notes a crashed term left held: transcribed again
@@ -244,7 +254,7 @@ class RunningTerm:
         self.followers: FollowerDesk = services.followers  # what the bus server serves
         self.startup: StartupWindow = services.display.startup  # armed when polling begins
         self.notices: Notices = services.notices  # the greeting in the control topic
-        self.receipts: DeliveryHub = services.hub  # whether receipts reach the journal (/healthz)
+        self.receipts: DeliveryHub = services.delivery  # whether receipts reach the journal (/healthz)
 
     @classmethod
     def assemble(cls, term: LeaderTerm, **parts: Any) -> RunningTerm:
@@ -266,8 +276,8 @@ class RunningTerm:
     async def provision_control_topic(self) -> None:
         await self._s.registrations.provision_control_topic()
 
-    def inbound_batch(self, received_at: float) -> AbstractAsyncContextManager[None]:
-        return self._s.router.inbound_batch(received_at)
+    def inbound_batch(self, received_at: float) -> AbstractAsyncContextManager[InboundBatch]:
+        return self._s.batches.open(received_at)
 
     async def status(self, role: str) -> StatusReport:
         return await self._s.status.snapshot(role)
@@ -285,21 +295,30 @@ class RunningTerm:
         keyboards = await self._s.store.keyboards.purge(now_ms - keep_ms, self._s.term.authority())
         return journal, outbox, keyboards
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> dict[metrics.MetricSpec, Any]:
         """This term's /metrics figures (the process adds its own)."""
         s = self._s
+        outbound = s.outbound.figures()
         return {
-            "topicbus_followers": len(s.roster),
-            "topicbus_routed_total": s.router.routed,
-            "topicbus_delivered_total": s.hub.delivered,
-            "topicbus_registrations_total": s.registrations.count,
-            "topicbus_outbound_sent_total": s.outbound.sent,
-            "topicbus_outbound_retry_after_total": s.outbound.retry_after_hits,
-            "topicbus_route_latency_ms": {"0.5": s.router.latency.quantile(0.5) or 0,
-                                          "0.99": s.router.latency.quantile(0.99) or 0},
-            "topicbus_display_passes_total": s.display.passes,
-            "topicbus_voice_notes_total": {"transcribed": s.transcriber.transcribed, "file": s.transcriber.fell_back},
-            "topicbus_display_edits_total": s.display.edits,
-            **s.outbound.metrics(),
-            "topicbus_press_answers_total": s.press_answers.counts,
+            metrics.FOLLOWERS: len(s.roster),
+            metrics.ROUTED_TOTAL: s.router.routed,
+            metrics.DELIVERED_TOTAL: s.delivery.delivered,
+            metrics.REGISTRATIONS_TOTAL: s.registrations.count,
+            metrics.OUTBOUND_SENT_TOTAL: s.outbound.sent,
+            metrics.OUTBOUND_RETRY_AFTER_TOTAL: s.outbound.retry_after_hits,
+            metrics.ROUTE_LATENCY_MS: {"0.5": s.router.latency.quantile(0.5) or 0,
+                                       "0.99": s.router.latency.quantile(0.99) or 0},
+            metrics.DISPLAY_PASSES_TOTAL: s.display.passes,
+            metrics.VOICE_NOTES_TOTAL: {"transcribed": s.transcriber.transcribed, "file": s.transcriber.fell_back},
+            metrics.DISPLAY_EDITS_TOTAL: s.display.edits,
+            metrics.BUDGET_USED: outbound.budget_used,
+            metrics.BUDGET_PER_MINUTE: outbound.budget_per_minute,
+            metrics.BUDGET_PAUSED_SECONDS: outbound.budget_paused_s,
+            metrics.OUTBOX_BACKLOG_ITEMS: outbound.backlog_items,
+            metrics.OUTBOX_BACKLOG_CHARS: outbound.backlog_units,
+            metrics.OUTBOUND_EDITS_TOTAL: outbound.edits,
+            metrics.OUTBOUND_FILES_TOTAL: outbound.files,
+            metrics.OUTPUT_CHARS_TOTAL: outbound.units_sent,
+            metrics.MESSAGES_PER_KB: outbound.messages_per_kb,
+            metrics.PRESS_ANSWERS_TOTAL: s.press_answers.counts,
         }

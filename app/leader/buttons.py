@@ -48,7 +48,7 @@ from topicbus.leader.agent_commands import AgentCommands
 from topicbus.leader.keyboards import parse_callback
 from topicbus.leader.outbound import ScheduledGateway
 from topicbus.leader.press_answers import PressAnswerLane
-from topicbus.leader.routing import Router
+from topicbus.leader.routing import InboundBatch, Router
 from topicbus.leader.term import LeaderTerm, TermTasks
 from topicbus.protocol import CAP_BUTTON
 from topicbus.core.authority import AuthorityLost
@@ -124,14 +124,15 @@ class ButtonPresses:
         self._showing: set[str] = set()  # keyboards whose choice is being shown now
         self.outcomes: dict[str, int] = {}
 
-    async def press(self, press: Press, *, by_owner: bool) -> str:
+    async def press(self, press: Press, *, by_owner: bool, batch: InboundBatch | None = None) -> str:
         """Serve one press; returns what became of it (``sent``, ``kept``, ``repeat``, ``interrupted``,
         ``stranger``, ``stale``, ``answered``, ``earlier-process``, ``ended``, ``cannot-take``, or the
-        reason an interrupt was not sent)."""
+        reason an interrupt was not sent). ``batch``: the ``getUpdates`` answer it came in (its age
+        dates the press; what the owner sent before it there is journaled first)."""
         arrived_at = press.arrived_at
         if arrived_at is None:
-            arrived_at = self._answers.now() - self._router.batch_age_s()
-        verdict = await self._decide(press, by_owner)
+            arrived_at = self._answers.now() - (batch.age_s() if batch is not None else 0.0)
+        verdict = await self._decide(press, by_owner, batch)
         self.outcomes[verdict.outcome] = self.outcomes.get(verdict.outcome, 0) + 1
         offer = self._answer(press, verdict, by_owner=by_owner, arrived_at=arrived_at)
         # A press whose answer was merged away or not given (a stranger's storm) is logged at DEBUG only.
@@ -141,7 +142,7 @@ class ButtonPresses:
                                         offer or "none")
         return verdict.outcome
 
-    async def _decide(self, press: Press, by_owner: bool) -> Verdict:
+    async def _decide(self, press: Press, by_owner: bool, batch: InboundBatch | None) -> Verdict:
         if not by_owner:
             return Verdict("stranger", STRANGER, alert=True)
         parsed = parse_callback(press.data)
@@ -153,10 +154,11 @@ class ButtonPresses:
         assert parsed is not None
         if keyboard.kind == INTERRUPT:
             return await self._interrupt(press, keyboard)
-        return await self._choose(press, keyboard, parsed[1], button)
+        return await self._choose(press, keyboard, parsed[1], button, batch)
 
     # --- a follower's buttons ---------------------------------------------------------------------
-    async def _choose(self, press: Press, keyboard: Keyboard, index: int, button: Button) -> Verdict:
+    async def _choose(self, press: Press, keyboard: Keyboard, index: int, button: Button,
+                      batch: InboundBatch | None) -> Verdict:
         label = button.text
         if keyboard.answered:
             return await self._answered_before(press, keyboard)
@@ -181,7 +183,7 @@ class ButtonPresses:
                                              message_id=press.message_id, shown=shown)
 
         journaled = await self._router.route_bound(press.update_id, keyboard.binding_key, item,
-                                                   for_instance=keyboard.instance_id, claim=claim)
+                                                   for_instance=keyboard.instance_id, claim=claim, batch=batch)
         if journaled is None:  # answered in between (or this very update journaled before)
             current = await self._keyboards.get(keyboard.token)
             return await self._answered_before(press, current or keyboard)

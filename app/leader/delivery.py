@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from enum import Enum
 
 from loguru import logger
 
@@ -36,6 +37,15 @@ from topicbus.core.journal import JournalItem, parse_delivery_id
 
 
 PAGE = 500
+
+
+class _Stop(Enum):
+    """Why :meth:`DeliveryHub._send_in_order` stopped."""
+
+    DONE = "done"  # every item given was sent or settled
+    HELD = "held"  # the screen holds an item (an album gathering, a voice note being transcribed)
+    NO_ROOM = "no-room"  # the connection is congested and the caller does not wait: the pump goes on
+    GONE = "gone"  # the route was replaced or its socket failed: the items stay pending
 
 
 class _Route:
@@ -122,35 +132,14 @@ class DeliveryHub:
             while self._current(binding_key, route):
                 seen = route.wanted
                 page = await self._journal.pending(binding_key, limit=PAGE, after_seq=route.high_water)
-                held = False
-                for item in page:
-                    if item.seq <= route.high_water:
-                        continue  # sent directly meanwhile
-                    if not self._current(binding_key, route):
-                        return sent
-                    prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
-                    if prepared is HOLD:  # an album still gathering, a voice note still transcribed
-                        route.caught_up = False
-                        held = True
-                        break
-                    if prepared is None:
-                        route.high_water = item.seq
-                        continue
-                    try:
-                        if route.connection.congested:
-                            await route.connection.writable()
-                            if not self._current(binding_key, route):
-                                return sent
-                        await route.connection.send_frame(self._frame(route, item, prepared))
-                    except Exception as exc:  # noqa: BLE001 - a dropped socket; items stay pending
-                        logger.bind(phase="delivery").debug("delivery send failed: {}", type(exc).__name__)
-                        return sent
-                    route.high_water = item.seq
-                    sent += 1
-                if held:
+                count, stop = await self._send_in_order(binding_key, route, page, wait_for_room=True)
+                sent += count
+                if stop is _Stop.HELD:
                     if route.wanted == seen:
                         return sent  # its seal (or release) kicks the route again
                     continue  # kicked while this page was read: the row may have been released since
+                if stop is not _Stop.DONE:
+                    return sent
                 if len(page) < PAGE and route.wanted == seen:
                     route.caught_up = True
                     break
@@ -170,27 +159,47 @@ class DeliveryHub:
         if not direct:
             self._want(binding_key, route)
             return 0
-        sent = 0
         async with route.lock:  # free (checked above): taken without waiting
-            for item in items:
-                if route.connection.congested or not self._current(binding_key, route):
-                    self._want(binding_key, route)  # the pump sends the rest once the follower drains
-                    return sent
-                prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
-                if prepared is HOLD:
-                    route.caught_up = False
-                    return sent
-                if prepared is None:
-                    route.high_water = item.seq
-                    continue
-                try:
-                    await route.connection.send_frame(self._frame(route, item, prepared))
-                except Exception:  # noqa: BLE001 - a dropped socket; items stay pending
-                    route.caught_up = False
-                    return sent
-                route.high_water = item.seq
-                sent += 1
+            sent, stop = await self._send_in_order(binding_key, route, items, wait_for_room=False)
+        if stop is _Stop.NO_ROOM:
+            self._want(binding_key, route)  # the pump sends the rest once the follower drains
         return sent
+
+    async def _send_in_order(self, binding_key: str, route: _Route, items: list[JournalItem], *,
+                             wait_for_room: bool) -> tuple[int, _Stop]:
+        """The one send loop (route lock held): each item the screen lets through goes to the
+        connection in journal order and moves the route's high-water mark; returns how many were
+        sent and why it stopped. A congested connection is waited for (``wait_for_room``: the pump)
+        or left (``NO_ROOM``: the caller hands the rest to the pump). Whatever is not sent stays
+        pending in the journal."""
+        sent = 0
+        for item in items:
+            if item.seq <= route.high_water:
+                continue  # sent directly meanwhile
+            if not self._current(binding_key, route):
+                return sent, _Stop.GONE
+            if route.connection.congested and not wait_for_room:
+                return sent, _Stop.NO_ROOM
+            prepared = await self._screen.screen(binding_key, route.capabilities, item, route.instance_id)
+            if prepared is HOLD:  # an album still gathering, a voice note still transcribed
+                route.caught_up = False
+                return sent, _Stop.HELD
+            if prepared is None:
+                route.high_water = item.seq
+                continue
+            try:
+                if route.connection.congested:
+                    await route.connection.writable()
+                    if not self._current(binding_key, route):
+                        return sent, _Stop.GONE
+                await route.connection.send_frame(self._frame(route, item, prepared))
+            except Exception as exc:  # noqa: BLE001 - a dropped socket; items stay pending
+                logger.bind(phase="delivery").debug("delivery send failed: {}", type(exc).__name__)
+                route.caught_up = False
+                return sent, _Stop.GONE
+            route.high_water = item.seq
+            sent += 1
+        return sent, _Stop.DONE
 
     @staticmethod
     def _frame(route: _Route, item: JournalItem, payload: InboundItem) -> Deliver:

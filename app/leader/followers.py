@@ -1,7 +1,8 @@
 """The leader as the bus sees it: one method per follower request kind.
 
 The bus server decodes frames and calls :class:`FollowerDesk`; the desk hands each request to its
-use case (registration, departure, routing) and turns domain refusals into protocol errors.
+use case (registration, departure, routing, output intake) and turns domain refusals into protocol
+errors.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from topicbus.logsetup import EventJournal
 from topicbus.ports.telegram import FileDownload
 from topicbus.ports.bus import FollowerConnection
 from topicbus.leader.departure import CleanupUnconfirmed, Departures
+from topicbus.leader.output_intake import OutputIntake
 from topicbus.leader.registration import Registrations
 from topicbus.leader.roster import Roster
 from topicbus.leader.routing import Router
@@ -28,12 +30,13 @@ class FollowerDesk:
     leader_build = LEADER_BUILD
 
     def __init__(self, *, roster: Roster, registrations: Registrations, departures: Departures,
-                 router: Router, events: EventJournal):
+                 router: Router, intake: OutputIntake, events: EventJournal):
         self._events = events
         self._roster = roster
         self._registrations = registrations
         self._departures = departures
         self._router = router
+        self._intake = intake
 
     def follower_count(self) -> int:
         return len(self._roster)
@@ -46,7 +49,7 @@ class FollowerDesk:
 
     async def disconnect(self, req: FollowerRequest) -> None:
         entry = self._registrations.registered(req)
-        self._router.stream_ends(entry)
+        self._intake.stream_ends(entry)
         try:
             await self._departures.disconnect(entry, lambda: self._registrations.registered(req))
         except CleanupUnconfirmed as exc:
@@ -58,7 +61,7 @@ class FollowerDesk:
             raise ProtocolError(ErrorCode.NOT_LEADER, "This process is not the leader (lease lost).") from None
 
     async def send(self, req: SendRequest) -> SendResult:
-        return await self._router.accept_output(self._registrations.registered(req), req)
+        return await self._intake.accept_output(self._registrations.registered(req), req)
 
     async def receipt(self, connection: FollowerConnection, delivery_id: str) -> None:
         await self._router.receipt(connection, delivery_id)

@@ -18,8 +18,8 @@ Answers to button presses (``answerCallbackQuery``) are not its calls: they have
 their own (``leader/press_answers``), whose calls a second are taken off the scheduler's share of the
 bot's (:meth:`OutboundOptions.scheduler_budget`), so no storm of presses can delay output.
 
-Telegram calls go out one at a time, each checked against the budget when it goes and counted when
-its answer came, as ever. What surrounds an output call — reading the payloads, settling the rows in
+Telegram calls go out one at a time on the term's wire (``leader/wire``), each checked against the
+budget here when it goes and counted there when its answer came. What surrounds an output call — reading the payloads, settling the rows in
 SQLite, reading the topic's heads again — runs as a *step* of its own task, so up to
 ``STEPS_IN_FLIGHT`` topics (each at most one step, so order inside a topic holds) are prepared and
 settled while another topic's call is on the wire. A step's calls wait for the wire with their
@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
@@ -53,8 +52,8 @@ from topicbus.core.target import Target
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.output_sender import HEADS, OutputSender, Step, TopicOutput
 from topicbus.leader.term import LeaderTerm
+from topicbus.leader.wire import CALL_DEADLINE_S, TelegramWire, WireCall
 
-CALL_DEADLINE_S = 60.0
 WAKE_DEBOUNCE_S = 0.02
 STEPS_IN_FLIGHT = 4  # topics with a step in progress at once (each topic at most one)
 PRESSURE_RECHECK_S = 1.0  # an Unbutton step skipped under pressure is looked at again this soon
@@ -81,16 +80,21 @@ class OutboundOptions:
                                                                        self.press_answers))
 
 
-@dataclass
-class _Call:
-    priority: Priority
-    key: Target
-    spends: bool
-    fn: Callable[[], Awaitable[CallResult]]
-    future: asyncio.Future[CallResult]
-    deadline: float
-    seq: int
-    output: bool = False  # a call of an output step: tried once, its outcome settled by the step
+@dataclass(frozen=True)
+class OutboundFigures:
+    """The scheduler's figures at one moment: the budget spent in the last window, the chat's allowance
+    a minute and any pause left, what waits (items, UTF-16 units), and this term's edits, files, units
+    sent and Telegram messages per 1,000 units of output."""
+
+    budget_used: int
+    budget_per_minute: int
+    budget_paused_s: float
+    backlog_items: int
+    backlog_units: int
+    edits: int
+    files: int
+    units_sent: int
+    messages_per_kb: float
 
 
 class OutboundScheduler:
@@ -102,23 +106,21 @@ class OutboundScheduler:
         self.options = options
         self.budget = ChatBudget(options.scheduler_budget())
         self._output = options.output
-        self._sender = OutputSender(term, gateway, self._output_call, options.output, wake=self.wake,
-                                    on_topic_gone=on_topic_gone, keyboards=keyboards, store=store, clock=clock,
-                                    events=events)
-        self.stats = self._sender.stats
-        self._topics: dict[Target, TopicOutput] = {}
-        self._calls: deque[_Call] = deque()
-        self._dirty: set[Target] = set()
-        self._rescan = True
         self._wake = asyncio.Event()
         self._call_waiting = asyncio.Event()  # ends the output debounce: a call never waits for it
+        # The one call on the wire and the calls waiting for it; the output steps put theirs there too.
+        self._wire = TelegramWire(self.budget, self._wake, self._call_waiting)
+        self._sender = OutputSender(term, gateway, self._wire, options.output, on_topic_gone=on_topic_gone,
+                                    keyboards=keyboards, store=store, clock=clock, events=events)
+        self.stats = self._sender.stats
+        self._topics: dict[Target, TopicOutput] = {}
+        self._dirty: set[Target] = set()
+        self._rescan = True
         self._task: asyncio.Task[None] | None = None
-        self._calling: asyncio.Task[None] | None = None  # the one Telegram call on the wire
         self._steps: dict[Target, asyncio.Task[None]] = {}  # the steps in progress, one per topic at most
         self._spending_since: dict[Target, float] = {}  # when each spending step in progress began
-        self._hurry = False  # a call or a step ended: plan again without the debounce
+        self._hurry = False  # a step ended (or, the wire's ``answered``, a call): plan again without the debounce
         self._served = itertools.count(1)
-        self._seq = itertools.count()
 
     # --- life -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -126,17 +128,16 @@ class OutboundScheduler:
             self._task = asyncio.create_task(self._run(), name="outbound-scheduler")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, self._calling, *self._steps.values()) if t is not None]
+        """The term ends: nothing is planned any more; calls still waiting (and any made later) are
+        answered as ambiguous at once."""
+        tasks = [t for t in (self._task, *self._steps.values()) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._task = self._calling = None
+        self._task = None
         self._steps.clear()
         self._spending_since.clear()
-        while self._calls:
-            call = self._calls.popleft()
-            if not call.future.done():
-                call.future.set_result(CallResult(CallOutcome.AMBIGUOUS, "leader stopping"))
+        await self._wire.close()
 
     def wake(self, topic: Target | None = None) -> None:
         """The outbox changed (for one topic, or for any when no topic is given)."""
@@ -152,20 +153,7 @@ class OutboundScheduler:
                    deadline_s: float = CALL_DEADLINE_S) -> CallResult:
         """Run one Bot API call when the budget allows it. ``RetryAfter`` is retried (the call did not
         happen) until ``deadline_s``; a BACKGROUND call is skipped while the budget is under pressure."""
-        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self._calls.append(_Call(priority, target, spends, fn, future,
-                                 time.monotonic() + deadline_s, next(self._seq)))
-        self._wake.set()
-        self._call_waiting.set()
-        return await future
-
-    async def _output_call(self, priority: Priority, key: Target, spends: bool,
-                           fn: Callable[[], Awaitable[CallResult]]) -> CallResult:
-        """A call of an output step, on the wire in its turn; its outcome goes back to the step."""
-        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self._calls.append(_Call(priority, key, spends, fn, future, float("inf"), next(self._seq), output=True))
-        self._wake.set()
-        return await future
+        return await self._wire.call(priority, target, fn, spends=spends, deadline_s=deadline_s)
 
     # --- views --------------------------------------------------------------------------------------
     def owner_spoke(self, target: Target) -> None:
@@ -192,23 +180,19 @@ class OutboundScheduler:
     def retry_after_hits(self) -> int:
         return self.budget.retry_after_hits
 
-    def budget_used(self) -> int:
-        return self.budget.used(time.monotonic())
-
-    def metrics(self) -> dict[str, float]:
-        """The budget, the backlog and the economy of output, for /metrics."""
+    def figures(self) -> OutboundFigures:
+        """The budget, the backlog and the economy of output, now (the composition root names them
+        for /metrics)."""
         now = time.monotonic()
         stats = self.stats
         backlog = self.backlog().values()
         spent = stats.messages + stats.edits + stats.files + stats.pings + stats.unbuttoned
-        return {"topicbus_budget_used": self.budget.used(now),
-                "topicbus_budget_per_minute": self.budget.config.per_minute or 0,
-                "topicbus_budget_paused_seconds": max(0.0, self.budget.paused_until - now),
-                "topicbus_outbox_backlog_items": sum(items for items, _ in backlog),
-                "topicbus_outbox_backlog_chars": sum(units for _, units in backlog),
-                "topicbus_outbound_edits_total": stats.edits, "topicbus_outbound_files_total": stats.files,
-                "topicbus_output_chars_total": stats.units_sent,
-                "topicbus_messages_per_kb": spent / (stats.units_sent / 1000) if stats.units_sent else 0.0}
+        return OutboundFigures(budget_used=self.budget.used(now), budget_per_minute=int(self.budget.config.per_minute or 0),
+                               budget_paused_s=max(0.0, self.budget.paused_until - now),
+                               backlog_items=sum(items for items, _ in backlog),
+                               backlog_units=sum(units for _, units in backlog), edits=stats.edits,
+                               files=stats.files, units_sent=stats.units_sent,
+                               messages_per_kb=spent / (stats.units_sent / 1000) if stats.units_sent else 0.0)
 
     def budget_view(self) -> BudgetStatus:
         """The chat's allowance for status: spent in the last window, the limits, any pause left."""
@@ -245,9 +229,9 @@ class OutboundScheduler:
                 continue
             # A call (a topic to create, a choice to show) goes at once, and so does the next step once
             # one ended or while steps are in progress; new output alone: let a burst of sends land first.
-            if not (self._calls or self._hurry or self._steps or self._calling):
+            if not (self._wire.waiting or self._hurry or self._wire.answered or self._steps or self._wire.busy):
                 await self._debounce()
-            self._hurry = False
+            self._hurry = self._wire.answered = False
 
     async def _debounce(self) -> None:
         """Output: let a burst of sends land before planning. A call (a topic to create or delete, a
@@ -286,12 +270,11 @@ class OutboundScheduler:
         best: tuple[tuple[int, int, int], Any] | None = None
         next_at = float("inf")
         pressure = self.budget.under_pressure(now)
-        for call in list(self._calls):
+        for call in list(self._wire.waiting):
             if call.priority is Priority.BACKGROUND and pressure:
-                self._calls.remove(call)
-                call.future.set_result(CallResult(CallOutcome.REJECTED, SKIPPED))
+                self._wire.skip(call, CallResult(CallOutcome.REJECTED, SKIPPED))
                 continue
-            if self._calling is not None:
+            if self._wire.busy:
                 continue  # one call on the wire at a time; the loop is woken when it ends
             ready = self.budget.ready_at(now, call.priority, spends=call.spends)
             if ready > now:
@@ -345,9 +328,10 @@ class OutboundScheduler:
 
     # --- doing it -----------------------------------------------------------------------------------
     def _dispatch(self, chosen: Any, now: float) -> None:
-        if isinstance(chosen, _Call):
-            self._calls.remove(chosen)
-            self._calling = asyncio.create_task(self._execute_call(chosen), name="outbound-call")
+        if isinstance(chosen, WireCall):
+            if not chosen.output and chosen.key in self._topics:
+                self._topics[chosen.key].served = next(self._served)
+            self._wire.send(chosen)
             return
         key, topic, step = chosen
         topic.served = next(self._served)
@@ -369,30 +353,6 @@ class OutboundScheduler:
             self._dirty.add(key)  # read its heads again before its next step
             self._hurry = True
             self._wake.set()
-
-    async def _execute_call(self, call: _Call) -> None:
-        if not call.output and call.key in self._topics:
-            self._topics[call.key].served = next(self._served)
-        try:
-            result = await call.fn()
-        except asyncio.CancelledError:
-            if not call.future.done():
-                call.future.set_result(CallResult(CallOutcome.AMBIGUOUS, "leader stopping"))
-            raise
-        except Exception as exc:  # noqa: BLE001 - a gateway never raises; this is a bug guard
-            result = CallResult(CallOutcome.AMBIGUOUS, type(exc).__name__)
-        finally:
-            self.budget.record(time.monotonic(), spends=call.spends, priority=call.priority)
-            self._calling = None
-            self._hurry = True
-            self._wake.set()
-        if result.outcome is CallOutcome.RETRY_AFTER:
-            self.budget.pause(time.monotonic(), result.retry_after_s)  # before any other call goes
-            if not call.output and time.monotonic() + result.retry_after_s < call.deadline:
-                self._calls.appendleft(call)
-                return
-        if not call.future.done():
-            call.future.set_result(result)
 
 
 class ScheduledGateway:

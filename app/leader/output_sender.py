@@ -4,9 +4,11 @@ document), the keyboard it carries (``leader/keyboards``), and how the outcome s
 covers.
 
 :class:`~topicbus.leader.outbound.OutboundScheduler` decides *when* and *which* topic; this module does
-the step it chose, as a task of its own (one per topic at most). Every call here goes through the
-scheduler (``call``): one call on the wire at a time, checked against the chat's budget when it goes,
-counted when its answer came, and a ``RetryAfter`` pauses the chat before any other call goes.
+the step it chose, as a task of its own (one per topic at most). Every call here waits on the term's
+wire (``leader/wire``) until the scheduler lets it go: one call on the wire at a time, checked against
+the chat's budget when it goes, counted when its answer came, and a ``RetryAfter`` pauses the chat
+before any other call goes. The sender never calls the scheduler back: once a step ended, the
+scheduler reads that topic's outbox again.
 
 Inline keyboards: a follower's buttons go under its message; while an agent prints, its silent stream
 messages, its live message (at each edit) and its output files carry the Interrupt button. Both ride on
@@ -44,6 +46,7 @@ from topicbus.core.records import (Button, ChatActionMessage, DocumentMessage, N
                                    TextMessage)
 from topicbus.leader.keyboards import Keyboards, keys
 from topicbus.leader.term import LeaderTerm
+from topicbus.leader.wire import TelegramWire
 from topicbus.retry import Backoff
 from topicbus.core.authority import AuthorityLost
 from topicbus.core.keyboards import INTERRUPT, Keyboard
@@ -53,8 +56,6 @@ FILE_HEADS = 8192  # the rows read when a run goes out as a file (it may reach b
 MAX_BACKOFF_S = 30.0
 GONE_PAUSE_S = 30.0
 Step = Single | NewMessage | Extend | AsFile | NewScreen | EditScreen | Ping | Unbutton
-# The scheduler's wire: (priority, topic, spends, the call) -> its result, once the budget allowed it.
-Call = Callable[[Priority, Target, bool, Callable[[], Awaitable[CallResult]]], Awaitable[CallResult]]
 
 
 @dataclass
@@ -83,17 +84,15 @@ class OutboundStats:
 
 
 class OutputSender:
-    def __init__(self, term: LeaderTerm, gateway: Telegram, call: Call, output: OutputConfig, *,
-                 wake: Callable[[Target], None],
+    def __init__(self, term: LeaderTerm, gateway: Telegram, wire: TelegramWire, output: OutputConfig, *,
                  on_topic_gone: Callable[[Target], Awaitable[object]] | None = None,
                  keyboards: Keyboards | None = None, store: Store, clock: Clock, events: EventJournal):
         self._term = term
         self._clock = clock
         self._events = events
         self._gateway = gateway
-        self._call = call
+        self._wire = wire
         self._output = output
-        self._wake = wake
         self._on_topic_gone = on_topic_gone
         self._keyboards = keyboards
         self._live_keyboards: dict[Target, Keyboard] = {}  # the keyboard on each topic's live message
@@ -125,9 +124,9 @@ class OutputSender:
 
     async def _send(self, key: Target, spends: bool, coro_fn: Callable[[], Awaitable[CallResult]],
                     priority: Priority = Priority.OUTPUT) -> CallResult:
-        """One call, through the scheduler's wire; it is counted when its answer came (so the count never
+        """One call, on the wire in its turn; it is counted when its answer came (so the count never
         runs ahead of Telegram's), and a RetryAfter has paused the chat by the time it returns."""
-        return await self._call(priority, key, spends, coro_fn)
+        return await self._wire.output_call(priority, key, spends, coro_fn)
 
     async def _single(self, key: Target, topic: TopicOutput, item: QueuedItem, now: float) -> None:
         payload = (await self._repo.payloads([item.id])).get(item.id)
@@ -375,7 +374,7 @@ class OutputSender:
         text = topic.turn.ping_text()
         result = await self._send(key, True, lambda: self._gateway.send_message(key, Rendered(text)))
         if result.outcome is CallOutcome.RETRY_AFTER:
-            return  # the chat is paused already (the scheduler's wire); the ping is owed still
+            return  # the chat is paused already (the wire); the ping is owed still
         topic.turn.pinged(int(time.monotonic() * 1000))  # a failed ping is not retried: it carries no output
         self._live_keyboards.pop(key, None)
         if result.ok:
@@ -406,10 +405,9 @@ class OutputSender:
             for item_id in ids:
                 self._arrived.pop(item_id, None)
             topic.backoff.reset()
-            self._wake(key)
             return True
         chat, thread = key.chat_id, key.thread_id
-        if result.outcome is CallOutcome.RETRY_AFTER:  # the chat is paused already (the scheduler's wire)
+        if result.outcome is CallOutcome.RETRY_AFTER:  # the chat is paused already (the wire)
             self._events.record("Telegram flood control; the chat is paused", phase="outbox-retry-after",
                                      level="WARNING", chatId=chat, threadId=thread, retryAfterS=result.retry_after_s)
             await self._repo.note_attempt(ids[0], f"retry-after {result.retry_after_s}s", authority)
@@ -426,7 +424,6 @@ class OutputSender:
                 self._events.record("Topic is gone; output no binding can take elsewhere dropped",
                                          phase="outbox-topic-gone", level="WARNING", chatId=chat, threadId=thread,
                                          items=failed)
-                self._wake(key)
         elif thread is not None and "topic_closed" in result.message.lower():
             await self._reopen(key, topic, ids[0])
         else:
@@ -435,7 +432,6 @@ class OutputSender:
             self.stats.failed += 1
             self._events.record("Telegram rejected output", phase="outbox-rejected", level="WARNING",
                                      chatId=chat, threadId=thread, error=result.message)
-            self._wake(key)
         return False
 
     async def _reopen(self, key: Target, topic: TopicOutput, item_id: int) -> None:

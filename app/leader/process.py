@@ -29,6 +29,7 @@ from topicbus.bot.menu import MenuSync, sync_command_menu
 from topicbus.bot.application import ApplicationUnavailable, build_application
 from topicbus.bot.poller import UpdatePoller
 from topicbus.bot.timers import JobQueueTimers, RunningJobs
+from topicbus.bus import metrics
 from topicbus.bus.metrics import Snapshot
 from topicbus.bus.server import BusLimits, BusServer, TlsConfigurationError, tls_context
 from topicbus.core.clock import Clock, SystemClock
@@ -161,16 +162,16 @@ class LeaderProcess:
     def _metrics(self) -> Snapshot:
         leadership = self.leadership
         running = leadership.running if leadership else None
-        values: dict[str, Any] = {
-            "topicbus_leader": 1 if self.server.role == "leader" else 0,
-            "topicbus_epoch": self.server.epoch,
-            "topicbus_followers": 0,
-            "topicbus_downloads_active": self.server.downloads.active,
-            "topicbus_downloads_waiting": self.server.downloads.waiting,
+        values: dict[metrics.MetricSpec, Any] = {
+            metrics.LEADER: 1 if self.server.role == "leader" else 0,
+            metrics.EPOCH: self.server.epoch,
+            metrics.FOLLOWERS: 0,
+            metrics.DOWNLOADS_ACTIVE: self.server.downloads.active,
+            metrics.DOWNLOADS_WAITING: self.server.downloads.waiting,
         }
         if running is not None and leadership is not None:
             values.update(running.metrics())
-            values["topicbus_updates_seen_total"] = leadership.poller.updates_seen if leadership.poller else 0
+            values[metrics.UPDATES_SEEN_TOTAL] = leadership.poller.updates_seen if leadership.poller else 0
         return values
 
 

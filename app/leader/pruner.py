@@ -76,7 +76,6 @@ class FollowerPruner:
         now_ms: Callable[[], int],
         stale_after_ms: int,
         leader_epoch: Callable[[], int | None],
-        profile: Callable[[], str | None],
         liveness: Callable[[FollowerRecord], Liveness],
         cleanup_policy: Callable[[], Awaitable[bool | None]],
         on_confirmed_dead: ConfirmedDeadHandler,
@@ -90,7 +89,6 @@ class FollowerPruner:
         self._now_ms = now_ms
         self._stale_after_ms = stale_after_ms
         self._leader_epoch = leader_epoch
-        self._profile = profile
         self._liveness = liveness
         self._cleanup_policy = cleanup_policy
         self._on_confirmed_dead = on_confirmed_dead
@@ -219,12 +217,10 @@ class FollowerPruner:
 
     async def _prune(self, generation: int) -> None:
         epoch = self._leader_epoch()
-        profile = self._profile()
 
         def pass_is_current() -> bool:
             return (
                 self._generation == generation
-                and self._profile() == profile
                 and epoch is not None
                 and self._leader_epoch() == epoch
             )

@@ -20,6 +20,7 @@ from topicbus.ports.store import Admission, Store
 from topicbus.core.clock import Clock
 from topicbus.logsetup import EventJournal
 from topicbus.core.mutations import FollowerMutationQueue
+from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.target import Target
@@ -37,8 +38,8 @@ from topicbus.core.authority import AuthorityLost
 
 
 class Registrations:
-    def __init__(self, *, term: LeaderTerm, roster: Roster, provisioner: TopicProvisioner, rotation: SlotRotation,
-                 admission: Admission, mutations: FollowerMutationQueue, pruner: FollowerPruner,
+    def __init__(self, *, term: LeaderTerm, roster: Roster, delivery: DeliveryHub, provisioner: TopicProvisioner,
+                 rotation: SlotRotation, admission: Admission, mutations: FollowerMutationQueue, pruner: FollowerPruner,
                  titles: TopicCache, control: ControlTopic, on_roster_change: Callable[[], None],
                  being_bound: TopicsBeingBound | None = None, store: Store, clock: Clock, events: EventJournal,
                  tasks: TermTasks, chat_id: int):
@@ -49,6 +50,7 @@ class Registrations:
         self._chat_id = chat_id
         self._being_bound = being_bound or TopicsBeingBound()
         self._roster = roster
+        self._delivery = delivery
         self._provisioner = provisioner
         self._rotation = rotation
         self._admission = admission
@@ -125,7 +127,7 @@ class Registrations:
         self.count += 1
         self._events.record("Follower registered", phase="follower-registered", instanceId=req.instance_id,
                                  slot=binding.slot, threadId=binding.thread_id, created=created)
-        self._tasks.spawn(self._roster.hub.kick(key))
+        self._tasks.spawn(self._delivery.kick(key))
         self._on_roster_change()
         assert binding.thread_id is not None and binding.slot is not None  # provisioned: a live topic, a letter
         return RegistrationResult(chat_id=binding.chat_id, thread_id=binding.thread_id, slot=binding.slot,
@@ -147,7 +149,7 @@ class Registrations:
             # Its topic is gone (Telegram said so): register again, and a new topic is made.
             self._roster.drop(entry.instance_id)
             raise ProtocolError(ErrorCode.UNKNOWN_INSTANCE, "The follower's topic is gone; register again.")
-        self._roster.registry.heartbeat(entry.instance_id, self._clock.now_ms())
+        self._roster.heartbeat(entry.instance_id, self._clock.now_ms())
         return HeartbeatResult(await self._titles.title(key))
 
     async def restore_roster(self) -> int:

@@ -319,7 +319,7 @@ class SlotRotation:
             key = ob.binding_key
             owner = Evidence.PROTECTED if key in owners or key in live_keys else Evidence.CLEAR
             work = Evidence.PROTECTED if queued.get(key) or key in outbox_keys else Evidence.CLEAR
-            route = Evidence.PROTECTED if self._roster.hub.is_online(key) else Evidence.CLEAR
+            route = Evidence.PROTECTED if self._roster.is_online(key) else Evidence.CLEAR
             return ExternalEvidence(live_owner=owner, accepted_work=work, delivery_authority=route)
 
         snapshot = capture_occupancy(

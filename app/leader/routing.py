@@ -1,10 +1,11 @@
-"""Routing both ways: owner messages to their follower, follower output to the outbox.
+"""Routing owner messages to their follower.
 
-Inbound: journal first, then deliver; an item leaves the journal only on the follower's receipt
-(at-least-once, followers drop duplicates by ``deliveryId``). Inside :meth:`Router.inbound_batch`
-owner messages are only queued; the whole ``getUpdates`` batch is journaled in one transaction when
-the batch closes, before the poller confirms those updates. A reserved command in the batch first
-flushes what was queued before it (:meth:`Router.flush_batch`), so it acts after those messages.
+Journal first, then deliver; an item leaves the journal only on the follower's receipt
+(at-least-once, followers drop duplicates by ``deliveryId``). A ``getUpdates`` answer is an
+:class:`InboundBatch`, an explicit object the handlers pass to the router: owner messages routed with
+a batch are only queued in it, and the whole batch is journaled in one transaction when it closes
+(:meth:`InboundBatches.open`), before the poller confirms those updates. A reserved command in the
+batch first flushes what was queued before it (:meth:`Router.flush`), so it acts after those messages.
 
 Albums: each part is journaled as it arrives (``gathering``), so a confirmed update is never only in
 memory. The parts of one ``media_group_id`` are sealed into one ``media`` item about
@@ -16,8 +17,7 @@ starts with albums still gathering (its predecessor crashed) seals them one wind
 (:meth:`Router.start`), so late parts that Telegram sends again still join their album. Sealing is
 one transaction, so the album is delivered once.
 
-Outbound: a follower's ``follower.send`` is stored durably (idempotent per request id) and the
-outbound sender is woken; Telegram is never called on the bus request's path.
+Follower output goes the other way, into the outbox: ``leader/output_intake``.
 """
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ from topicbus.logsetup import EventJournal
 from topicbus.ports.telegram import FileDownload
 from topicbus.core.registry import FollowerRecord
 from topicbus.core.startup import StartupWindow, Timers
+from topicbus.leader.delivery import DeliveryHub
 from topicbus.ports.bus import FollowerConnection
 from topicbus.leader.inbound import combine_album, too_large_files, too_large_notice
 from topicbus.leader.notices import Notices
-from topicbus.leader.outbound import OutboundScheduler, ScheduledGateway
+from topicbus.leader.outbound import ScheduledGateway
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import TopicsBeingBound
 from topicbus.leader.transcription import TRANSCRIBE, Cause, Transcriber
-from topicbus.core.formatting import utf16_len
-from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES, ErrorCode, ProtocolError, SendRequest
+from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES
 from topicbus.core.authority import Authority, AuthorityLost
 from topicbus.core.journal import JournalItem
 
@@ -91,9 +91,25 @@ class RouteResult:
     delivery_id: str | None = None
 
 
+class InboundBatch:
+    """The owner messages of one ``getUpdates`` answer, queued to be journaled together.
+    ``received_at`` (perf_counter) is when the answer arrived, for the route-latency figure."""
+
+    def __init__(self, received_at: float | None = None):
+        self.rows: list[Row] = []
+        self.received_at = received_at
+
+    def age_s(self) -> float:
+        """How long ago the ``getUpdates`` answer arrived: an update's age when its handler runs (a
+        press's answer is due about 15 s after it arrived)."""
+        if self.received_at is None:
+            return 0.0
+        return max(0.0, time.perf_counter() - self.received_at)
+
+
 class Router:
-    def __init__(self, term: LeaderTerm, roster: Roster, gateway: ScheduledGateway, notices: Notices,
-                 outbound: OutboundScheduler, *, timers: Timers | None = None,
+    def __init__(self, term: LeaderTerm, roster: Roster, delivery: DeliveryHub, gateway: ScheduledGateway,
+                 notices: Notices, *, timers: Timers | None = None,
                  album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None,
                  transcriber: Transcriber | None = None, startup: StartupWindow | None = None,
                  reconnect_grace_s: float = RECONNECT_GRACE_S, store: Store, clock: Clock, events: EventJournal):
@@ -114,15 +130,12 @@ class Router:
         self._album_window_s = album_window_s
         self._edit_noticed: set[tuple[str, str]] = set()  # (binding, generation) told that edits are not taken
         self._roster = roster
+        self._delivery = delivery
         self._gateway = gateway
         self._notices = notices
-        self._outbound = outbound
-        self._backlog: dict[str, list[int]] = {}  # binding key -> [items, bytes], an upper bound
         self._bindings = store.bindings
         self.journal = store.journal
         self.outbox = store.outbox
-        self._batch: list[Row] | None = None
-        self._batch_received_at: float | None = None
         self._journal_lock = asyncio.Lock()
         self._target_cache: dict[Target, str] = {}
         self.latency = LatencyWindow()
@@ -139,31 +152,19 @@ class Router:
         for binding_key, group in await self.journal.gathering_groups():
             self._schedule_seal(binding_key, group)
 
-    async def end_departed_streams(self) -> None:
-        """A new term, before the outbound scheduler sends anything: output still queued for a follower's binding that has no owner is the end of a stream whose
-        follower left (gracefully, after its exit notice, or proven dead) under the previous leader,
-        which died before posting it. It goes as that leader would have sent it: one notifying
-        message where it fits, so no ``✓`` line repeats the exit notice after a restart."""
-        pending = await self.outbox.pending_binding_keys()
-        if not pending:
-            return
-        owned = {owner.binding_key for owner in await self._bindings.owners()}
-        for binding_key in sorted(pending - owned):
-            binding = await self._bindings.get(binding_key)
-            if binding is not None and binding.kind == "follower" and binding.has_live_topic:
-                self._outbound.stream_ends(binding.target)
-
     async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
-                                  payload: InboundItem, *, media_group: str | None = None) -> RouteResult:
+                                  payload: InboundItem, *, media_group: str | None = None,
+                                  batch: InboundBatch | None = None) -> RouteResult:
         """Journal one owner item (message, media, edit) for the binding of its topic, then deliver
-        it. ``media_group``: the album this part belongs to (delivered with its album, once)."""
+        it; with a ``batch``, only queue it there (journaled when the batch is flushed or closes).
+        ``media_group``: the album this part belongs to (delivered with its album, once)."""
         binding_key = await self.binding_for_topic(Target(chat_id, thread_id))
         if binding_key is None:
             self.stats["ignored"] += 1
             return RouteResult(False, "unknown-topic")
         row: Row = (update_id, binding_key, payload, media_group or None)
-        if self._batch is not None:
-            self._batch.append(row)
+        if batch is not None:
+            batch.rows.append(row)
             return RouteResult(True, "queued")
         items = await self._journal_and_deliver([row])
         if not items:
@@ -206,35 +207,15 @@ class Router:
         self._target_cache[topic] = binding.binding_key
         return binding.binding_key
 
-    @asynccontextmanager
-    async def inbound_batch(self, received_at: float | None = None) -> AsyncIterator[None]:
-        """Collect the owner messages of one getUpdates batch and journal them together.
-        ``received_at`` (perf_counter) is when the batch arrived, for the route-latency figure."""
-        self._batch, self._batch_received_at = [], received_at
-        try:
-            yield
-            batch = self._batch
-        finally:
-            self._batch = None
-        if batch:
-            await self._journal_and_deliver(batch, received_at)
-
-    def batch_age_s(self) -> float:
-        """How long ago the getUpdates batch being handled arrived (0 outside a batch): an update's
-        age when its handler runs (a press's answer is due about 15 s after it arrived)."""
-        if self._batch is None or self._batch_received_at is None:
-            return 0.0
-        return max(0.0, time.perf_counter() - self._batch_received_at)
-
-    async def flush_batch(self) -> None:
-        """Journal and deliver the owner messages queued so far in this batch, now: a reserved
-        command then acts after the messages sent before it. Outside a batch: nothing to do."""
-        if self._batch:
-            rows = list(self._batch)
-            await self._journal_and_deliver(rows, self._batch_received_at)
+    async def flush(self, batch: InboundBatch | None) -> None:
+        """Journal and deliver the owner messages queued so far in ``batch``, now: a reserved
+        command then acts after the messages sent before it. Without a batch: nothing to do."""
+        if batch is not None and batch.rows:
+            rows = list(batch.rows)
+            await self._journal_and_deliver(rows, batch.received_at)
             # Only once journaled: if that failed, the rows stay in the batch, whose close journals
             # them again (duplicates are dropped by update id) or does not confirm the batch.
-            del self._batch[:len(rows)]
+            del batch.rows[:len(rows)]
 
     async def _journal_and_deliver(self, rows: list[Row], received_at: float | None = None) -> list[JournalItem]:
         authority = self._term.authority()
@@ -254,7 +235,7 @@ class Router:
                     full.append((key, group_id))
             for key, group in by_binding.items():
                 if self._roster.is_routed(key):
-                    await self._roster.hub.deliver_new(key, group)
+                    await self._delivery.deliver_new(key, group)
                     if received_at is not None:
                         self.latency.add_many((time.perf_counter() - received_at) * 1000.0, len(group))
                 elif self._startup is not None and not self._startup.settled:
@@ -285,12 +266,13 @@ class Router:
         return self._transcriber.verdict(row[2])
 
     async def route_bound(self, update_id: int, binding_key: str, payload: InboundItem, *, for_instance: str,
-                          claim: Callable[[UnitOfWork], Awaitable[bool]]) -> JournalItem | None:
+                          claim: Callable[[UnitOfWork], Awaitable[bool]],
+                          batch: InboundBatch | None = None) -> JournalItem | None:
         """Journal a generation-bound item (a button press) for one follower process, in the same
         transaction as ``claim`` (which records that the press was taken: the two commit together or
         not at all), then deliver it. None when ``claim`` refused or the update was journaled before.
-        What the owner sent before it in this ``getUpdates`` batch is journaled and delivered first."""
-        await self.flush_batch()
+        What the owner sent before it in its ``batch`` is journaled and delivered first."""
+        await self.flush(batch)
         authority = self._term.authority()
         async with self._journal_lock:  # appends and their first delivery stay in journal order
             async with self._store.unit_of_work(authority) as uow:
@@ -302,7 +284,7 @@ class Router:
                 return None
             self.stats["routed"] += 1
             if self._roster.is_routed(binding_key):
-                await self._roster.hub.deliver_new(binding_key, [item])
+                await self._delivery.deliver_new(binding_key, [item])
         return item
 
     async def _tell_owner(self, item: JournalItem, authority: Authority) -> None:
@@ -351,7 +333,7 @@ class Router:
             self._schedule_seal(binding_key, group)
             return
         if sealed and self._roster.is_routed(binding_key):
-            await self._roster.hub.kick(binding_key)
+            await self._delivery.kick(binding_key)
 
     async def _notify_if_still_absent(self, binding_key: str) -> None:
         """A follower's reconnect grace is over: the offline notice, if it did not come back."""
@@ -390,7 +372,7 @@ class Router:
     async def receipt(self, connection: FollowerConnection, delivery_id: str) -> None:
         entry = self._roster.follower_on(connection)
         if entry is not None and entry.binding_key:
-            await self._roster.hub.receipt(entry.binding_key, delivery_id)
+            await self._delivery.receipt(entry.binding_key, delivery_id)
 
     @asynccontextmanager
     async def open_document(self, file_id: str) -> AsyncIterator[FileDownload | None]:
@@ -406,56 +388,6 @@ class Router:
                                                 result.message)
             yield result.value if result.ok else None
 
-    # --- outbound ---------------------------------------------------------------------------------
-    async def accept_output(self, entry: FollowerRecord, req: SendRequest) -> SendResult:
-        """Store one follower output item for its own topic (never another one), within the
-        follower's outbox cap (``backlog-full`` beyond it: backpressure, nothing stored)."""
-        target = entry.target
-        assert target is not None
-        if (req.chat_id is not None and req.chat_id != target.chat_id) or (
-                req.thread_id is not None and req.thread_id != target.thread_id):
-            raise ProtocolError(ErrorCode.FOREIGN_TARGET, "A follower may only post into its own topic.")
-        self._roster.registry.heartbeat(entry.instance_id, self._clock.now_ms())
-        item = req.item
-        key = entry.binding_key or ""
-        size = self.outbox.item_size(item)
-        await self._check_backlog(key, size)
-        text = item if isinstance(item, TextMessage) else None
-        try:
-            outbox_id, added = await self.outbox.enqueue(
-                binding_key=key, chat_id=target.chat_id, thread_id=target.thread_id,
-                instance_id=entry.instance_id, request_id=req.request_id, item=item,
-                now_ms=self._clock.now_ms(), authority=self._term.authority(),
-                units=utf16_len(text.text) if text is not None else 0,
-                fmt=text.format if text is not None else None, has_buttons=bool(text is not None and text.buttons))
-        except AuthorityLost:
-            raise ProtocolError(ErrorCode.NOT_LEADER, "Leader lost its lease while storing the message.") from None
-        if added:
-            counted = self._backlog.setdefault(key, [0, 0])
-            counted[0] += 1
-            counted[1] += size
-        self._outbound.wake(target)
-        return SendResult(outbox_id)
-
-    def stream_ends(self, entry: FollowerRecord) -> None:
-        """The follower leaves gracefully: its queued output is the end of its stream, sent as one
-        notifying message where it fits (``core/output``)."""
-        if entry.target is not None:
-            self._outbound.stream_ends(entry.target)
-
-    async def _check_backlog(self, binding_key: str, size: int) -> None:
-        """The in-memory count only ever over-estimates (sent rows are not subtracted); when it says
-        "full", the store says whether that is still true."""
-        options = self._outbound.options
-        counted = self._backlog.get(binding_key)
-        if counted is None or counted[0] + 1 > options.max_items or counted[1] + size > options.max_bytes:
-            items, size_now = await self.outbox.backlog_of(binding_key)
-            counted = self._backlog[binding_key] = [items, size_now]
-        if counted[0] + 1 > options.max_items or counted[1] + size > options.max_bytes:
-            raise ProtocolError(ErrorCode.BACKLOG_FULL,
-                                f"This follower's outbox is full ({counted[0]} items, {counted[1]} bytes waiting "
-                                f"for Telegram); retry later.")
-
     # --- housekeeping -----------------------------------------------------------------------------
     async def purge_history(self, keep_ms: int) -> tuple[int, int]:
         """Drop delivered journal items and sent output older than ``keep_ms``."""
@@ -463,3 +395,26 @@ class Router:
         cutoff = self._clock.now_ms() - keep_ms
         return (await self.journal.purge_delivered(cutoff, authority),
                 await self.outbox.purge_sent(cutoff, authority))
+
+
+class InboundBatches:
+    """The ``getUpdates`` answer whose updates the handlers are running now: the poller opens an
+    :class:`InboundBatch` around each answer (:meth:`open`), and the handlers pass ``current`` to the
+    router with each owner message. Between answers ``current`` is None (the router then journals a
+    message at once)."""
+
+    def __init__(self, router: Router):
+        self._router = router
+        self.current: InboundBatch | None = None
+
+    @asynccontextmanager
+    async def open(self, received_at: float | None = None) -> AsyncIterator[InboundBatch]:
+        """One answer's batch, journaled (what is left of it) when the block ends without an error;
+        after an error nothing is journaled and the poller does not confirm the answer."""
+        batch = InboundBatch(received_at)
+        self.current = batch
+        try:
+            yield batch
+        finally:
+            self.current = None
+        await self._router.flush(batch)

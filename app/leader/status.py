@@ -8,6 +8,7 @@ from topicbus.core.status import (BindingStatus, CleanupStatus, Counters, Follow
 from topicbus.ports.store import Store
 from topicbus.core.clock import Clock
 from topicbus.core.target import Target
+from topicbus.leader.delivery import DeliveryHub
 from topicbus.leader.pruner import FollowerPruner
 from topicbus.leader.outbound import OutboundScheduler
 from topicbus.leader.preferences import Preferences
@@ -20,13 +21,14 @@ from topicbus.leader.topics import ControlTopic
 
 
 class StatusView:
-    def __init__(self, *, term: LeaderTerm, roster: Roster, preferences: Preferences, control: ControlTopic,
-                 router: Router, registrations: Registrations, outbound: OutboundScheduler, rotation: SlotRotation,
-                 pruner: FollowerPruner, store: Store, clock: Clock, chat_id: int):
+    def __init__(self, *, term: LeaderTerm, roster: Roster, delivery: DeliveryHub, preferences: Preferences,
+                 control: ControlTopic, router: Router, registrations: Registrations, outbound: OutboundScheduler,
+                 rotation: SlotRotation, pruner: FollowerPruner, store: Store, clock: Clock, chat_id: int):
         self._term = term
         self._clock = clock
         self._chat_id = chat_id
         self._roster = roster
+        self._delivery = delivery
         self._preferences = preferences
         self._control = control
         self._router = router
@@ -85,12 +87,12 @@ class StatusView:
             rotation=await self._rotation.occupancy(),
             stats=Counters(routed=self._router.stats["routed"], duplicates=self._router.stats["duplicates"],
                            ignored=self._router.stats["ignored"], registrations=self._registrations.count,
-                           delivered=self._roster.hub.delivered, sent=self._outbound.sent))
+                           delivered=self._delivery.delivered, sent=self._outbound.sent))
         return StatusReport(
             role=role, epoch=self._term.epoch,
             followers=tuple(FollowerStatus(
                 instance_id=f.instance_id, slot=f.slot, thread_id=f.target.thread_id if f.target else None,
                 pid=f.pid, heartbeat_age_ms=now - f.last_heartbeat_ms, last_heartbeat_ms=f.last_heartbeat_ms,
                 workspace=(f.cwd or "") + (f"#{f.session}" if f.session else ""), binding_key=f.binding_key,
-                online=self._roster.hub.is_online(f.binding_key or "")) for f in followers),
+                online=self._roster.is_online(f.binding_key or "")) for f in followers),
             bindings=tuple(bindings), term=term)

@@ -149,7 +149,7 @@ async def test_rotation_may_retire_a_topic_in_its_grace_period_when_every_slot_i
     env.clock.advance(1_000)
     for i in range(25):
         if i != 7:
-            env.services.roster.registry.heartbeat(f"f{i:02d}", env.clock.now_ms())
+            env.services.roster.heartbeat(f"f{i:02d}", env.clock.now_ms())
     newcomer = await env.register("new", cwd="/new/work", generation="1")
     assert newcomer["slot"] == live[7]["slot"]  # the finished agent's slot, before its grace ended
     assert env.fake.topic(CHAT, live[7]["threadId"]).deleted

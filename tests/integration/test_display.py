@@ -159,7 +159,7 @@ async def test_forget_slot_applies_the_cleanup_policy(env: LeaderEnv):
     assert "still has a running agent" in answer and "send /kill in its topic" in answer
     assert "i-77" not in answer  # no internal id: the slot and its title
     assert env.calls("deleteForumTopic") == []
-    services.roster.registry.remove("i-77-gone")  # pruned from routing, death not provable
+    services.roster.drop("i-77-gone")  # pruned from routing, death not provable
     answer = await services.control_desk.forget_slot(r["slot"].lower())
     assert "deleted" in answer
     assert env.fake.topic(CHAT, r["threadId"]).deleted

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import aiohttp
 
+from topicbus.bus import metrics
 from topicbus.bus.server import BusServer
 from topicbus.core.status import StatusReport
 
 
 async def test_healthz_reports_role_and_is_503_until_polling():
     server = BusServer(host="127.0.0.1", port=0, secret="secret-value", status=lambda: _status(),
-                       metrics=lambda: {"topicbus_leader": 1})
+                       metrics=lambda: {metrics.LEADER: 1})
     await server.start()
     base = f"http://127.0.0.1:{server.bound_port}"
     try:

@@ -19,7 +19,7 @@ from topicbus.leader.routing import EDITS_NOT_TAKEN
 from topicbus.protocol import Capabilities, follower_identity
 from tests.fakebotapi import DEFAULT_USER_ID
 from tests.integration.jobqueue import JobQueueControl
-from tests.integration.leader_env import CHAT, LeaderEnv
+from tests.integration.leader_env import CHAT, Hold, LeaderEnv
 
 WAIT = 10.0  # condition deadlines: long-poll 0.5 s, album window 1 s, outbox rescans, a busy box
 
@@ -61,7 +61,7 @@ class Polled:
     def _poll(self) -> None:
         assert self.env.app is not None
         handlers.register_all(self.env.app, self.services, chat_id=CHAT, owner_ids=frozenset({DEFAULT_USER_ID}))
-        self.poller = UpdatePoller(self.env.app, timeout_s=0.5, batch=self.services.router.inbound_batch)
+        self.poller = UpdatePoller(self.env.app, timeout_s=0.5, batch=self.services.batches.open)
         self.poller.start()
 
     async def stop(self) -> None:
@@ -94,12 +94,12 @@ class Polled:
         conn = self.env.connections[instance]
         for d in conn.deliveries():
             await self.services.followers.receipt(conn, d["deliveryId"])
-        await self.services.roster.hub.flush()
+        await self.services.delivery.flush()
 
     def go_offline(self, instance: str) -> None:
         """The follower's socket dropped and it was pruned: its binding and topic remain."""
         self.services.followers.connection_closed(self.env.connections[instance])
-        self.services.roster.registry.remove(instance)
+        self.services.roster.drop(instance)
 
     async def statuses(self) -> list[str]:
         assert self.env.db is not None
@@ -372,6 +372,26 @@ async def test_a_control_never_reaches_a_successor(env: LeaderEnv, polled: Polle
     assert [i["type"] for i in polled.items("second")] == ["message", "control"]
 
 
+async def test_a_control_command_waiting_for_telegram_holds_up_no_other_update(env: LeaderEnv, polled: Polled):
+    services = await polled.start()
+    await env.register("a", cwd="/w")
+    control = services.control.thread_id
+    assert control is not None
+    title_edit = Hold(env.fake, "editForumTopic")  # /mode's title edit is answered when the test says so
+    env.fake.push_message(CHAT, "/mode names", thread_id=control)
+    await title_edit.entered.wait()
+    # While /mode waits for Telegram, the poller goes on: the next update is handled, journaled and
+    # delivered, and polling is confirmed past both.
+    thread = (await env.binding("/w")).thread_id
+    env.fake.push_message(CHAT, "meanwhile", thread_id=thread)
+    (meanwhile,) = await polled.wait_items("a", 1)
+    assert meanwhile["text"] == "meanwhile"
+    await polled.confirmed()
+    assert not any("Display mode is now" in t for t in polled.texts_in(control))
+    title_edit.release.set()
+    await polled.wait_notice(control, "Display mode is now names (1 titles changed)")
+
+
 # --- the offline queue ---------------------------------------------------------------------------------
 
 
@@ -437,13 +457,13 @@ async def test_a_reserved_command_flushes_the_batch_before_it_and_a_failed_flush
         raise StorageUnavailable("database is locked")
 
     text = MessageItem(text="before", message_id=1)
-    async with router.inbound_batch():
-        await router.route_owner_message(1, CHAT, r["threadId"], text)
+    async with services.batches.open() as batch:
+        await router.route_owner_message(1, CHAT, r["threadId"], text, batch=batch)
         journal.append_many = unavailable_once  # type: ignore[method-assign]
         with pytest.raises(StorageUnavailable):
-            await services.agent_commands.handle(CHAT, r["threadId"], "interrupt", update_id=2)
+            await services.agent_commands.handle(CHAT, r["threadId"], "interrupt", update_id=2, batch=batch)
         # The poller retries the command's update: this time the flush journals "before" first.
-        await services.agent_commands.handle(CHAT, r["threadId"], "interrupt", update_id=2)
+        await services.agent_commands.handle(CHAT, r["threadId"], "interrupt", update_id=2, batch=batch)
     items = [d["item"] for d in env.connections["a"].deliveries()]
     assert [(i["type"], i.get("text") or i.get("action")) for i in items] == [("message", "before"),
                                                                              ("control", "interrupt")]

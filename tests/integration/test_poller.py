@@ -129,6 +129,36 @@ async def test_a_failing_handler_is_retried_then_skipped(fake: FakeBotApi, app: 
     assert seen == ["poison"] * MAX_HANDLER_ATTEMPTS + ["next"]
 
 
+async def test_a_background_handler_that_fails_never_makes_the_update_run_again(fake: FakeBotApi, app: Application):
+    """A ``block=False`` handler (the control topic's /mode and /forget) runs beside the poll loop:
+    its failure is logged by the other error handlers, and the update is not processed again, even
+    when the failure comes while the update's other handlers still run."""
+    journal, seen, background = Journal(), [], []
+    failure_seen = asyncio.Event()
+
+    async def fails_in_the_background(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        background.append(update.update_id)
+        raise ValueError("a background command failed")
+
+    async def still_running(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        await failure_seen.wait()  # the update is still being processed when the failure is reported
+        await recorder(journal, seen)(update, context)
+
+    async def after_the_pollers(update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+        failure_seen.set()
+
+    app.add_handler(MessageHandler(filters.ALL, fails_in_the_background, block=False), group=-1)
+    await app.start()
+    try:
+        async with polling(app, journal, still_running):
+            app.add_error_handler(after_the_pollers)  # after the poller's own: it has seen the failure
+            update = fake.push_message(CHAT, "once")
+            await fake.wait_for(lambda: not fake.pending_updates(), message="confirmed")
+    finally:
+        await app.stop()
+    assert background == [update["update_id"]] and seen == ["once"] and journal.committed == ["once"]
+
+
 async def test_storage_trouble_in_a_handler_is_retried_until_it_passes(fake: FakeBotApi, app: Application):
     journal, seen = Journal(), []
     failures = [StorageUnavailable("database is locked")] * MAX_HANDLER_ATTEMPTS  # another error would be skipped

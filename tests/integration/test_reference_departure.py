@@ -68,7 +68,7 @@ async def test_case40_preservation_recovers_every_interrupted_prefix(off: Leader
     # 1. process still alive at the first tick: pruned from routing, observation pending, nothing written
     env.set_alive(300)
     await prune(env)
-    assert services.roster.registry.get("f") is None and len(env.pruner.pending_observations()) == 1
+    assert services.roster.get("f") is None and len(env.pruner.pending_observations()) == 1
     assert (await preserved_state(env, "/w"))[1] is not None
     op_id = env.pruner.pending_observations()[0].operation_id
 

@@ -33,7 +33,7 @@ async def test_case1_generationless_registration_is_refused_before_any_admission
         raise AssertionError("generationless disconnect accepted")
     except Exception as exc:  # noqa: BLE001
         assert getattr(exc, "code", None) is ErrorCode.STALE_GENERATION
-    assert env.calls("deleteForumTopic") == [] and services.roster.registry.get("inst-a") is not None
+    assert env.calls("deleteForumTopic") == [] and services.roster.get("inst-a") is not None
 
 
 async def test_case2_disconnect_cleanup_is_serialised_before_same_identity_registration(env: LeaderEnv):
@@ -64,7 +64,7 @@ async def test_case2_disconnect_cleanup_is_serialised_before_same_identity_regis
     assert order == ["disconnect", "register"]
     assert second["threadId"] != first["threadId"]  # the old topic was deleted; a new one was made
     assert second["slot"] == first["slot"]
-    assert services.roster.registry.get("inst-a") is None and services.roster.registry.get("inst-b") is not None
+    assert services.roster.get("inst-a") is None and services.roster.get("inst-b") is not None
 
 
 async def test_case3_liveness_clock_starts_at_publication_after_slow_provisioning(env: LeaderEnv):
@@ -72,18 +72,20 @@ async def test_case3_liveness_clock_starts_at_publication_after_slow_provisionin
     Hold(env.fake, "createForumTopic", before=lambda params: env.clock.advance(20_000)).release.set()
     result = await env.register("inst-slow")
     assert result["slot"] == "B"
-    entry = services.roster.registry.get("inst-slow")
+    entry = services.roster.get("inst-slow")
     assert entry.last_heartbeat_ms == env.clock.now_ms()
-    assert services.roster.registry.prune_stale(env.clock.now_ms() + 1, 15_000) == []
+    env.clock.advance(1)
+    await services.pruner.tick()
+    assert services.roster.get("inst-slow") is not None  # its liveness clock started at publication
 
 
 async def test_case4_registers_and_heartbeats(env: LeaderEnv):
     services = await env.start()
     await env.register("inst-a")
-    assert services.roster.registry.get("inst-a").last_heartbeat_ms == env.clock.now_ms()
+    assert services.roster.get("inst-a").last_heartbeat_ms == env.clock.now_ms()
     env.clock.advance(500)
     assert isinstance(await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "inst-a", "g1")), HeartbeatResult)
-    assert services.roster.registry.get("inst-a").last_heartbeat_ms == env.clock.now_ms()
+    assert services.roster.get("inst-a").last_heartbeat_ms == env.clock.now_ms()
     for generation, code in ((None, ErrorCode.STALE_GENERATION), ("other", ErrorCode.STALE_GENERATION)):
         try:
             await services.followers.heartbeat(fenced(Kind.HEARTBEAT, "inst-a", generation))
@@ -157,7 +159,7 @@ async def test_case10_registration_refused_when_provisioning_loses_the_lease(env
     err = await env.register_error("inst-a")
     assert err.code is ErrorCode.NOT_LEADER
     assert err.message == "Follower registration lost leader ownership."
-    assert services.roster.registry.get("inst-a") is None
+    assert services.roster.get("inst-a") is None
     services.term.revoke()  # keep teardown quiet
 
 
@@ -166,7 +168,7 @@ async def test_case11_provisioned_target_is_ack_result_and_registry_target(env: 
     result = await env.register("inst-a")
     topic = env.fake.topic(CHAT, result["threadId"])
     assert topic is not None and not topic.deleted
-    entry = services.roster.registry.get("inst-a")
+    entry = services.roster.get("inst-a")
     assert entry.target == Target(CHAT, result["threadId"])
     assert entry.slot == result["slot"] == "B"  # A is the leader's control topic
     assert result["chatId"] == CHAT and result["bindingKey"] == entry.binding_key

@@ -33,12 +33,12 @@ async def fill(env: LeaderEnv, count: int = 25, *, dead: bool = True) -> list[di
     if dead:
         for i in range(count):
             env.set_dead(1000 + i)
-            env.services.roster.registry.heartbeat(f"old{i:02d}", env.clock.now_ms())
+            env.services.roster.heartbeat(f"old{i:02d}", env.clock.now_ms())
         for i in range(count):
             # every other follower keeps heart-beating while old{i} goes stale
             env.clock.advance(16_000)
             for j in range(i + 1, count):
-                env.services.roster.registry.heartbeat(f"old{j:02d}", env.clock.now_ms())
+                env.services.roster.heartbeat(f"old{j:02d}", env.clock.now_ms())
             await env.pruner.tick()
     return results
 
@@ -255,7 +255,7 @@ async def test_case15_a_retained_fence_blocks_every_workspace_mutation(off: Lead
     env = off
     services = await env.start()
     r = await env.register("a", cwd="/a", pid=1)
-    services.roster.registry.remove("a")  # pruned: /forget would otherwise refuse before admission
+    services.roster.drop("a")  # pruned: /forget would otherwise refuse before admission
     fence = await services.admission.acquire_fence(env.authority, operation_id="f", intent_id="i", binding_key="k", slot="Z",
                                                   chat_id=CHAT, thread_id=999, leader_epoch=env.authority.epoch)
     await services.admission.set_phase(env.authority, fence, "deletion-issued", from_phases=("fenced",))

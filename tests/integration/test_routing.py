@@ -17,7 +17,7 @@ async def test_offline_follower_messages_wait_and_the_owner_is_told_once(env: Le
     services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
     services.followers.connection_closed(env.connections["a"])  # the socket dropped; the registration remains
-    services.roster.registry.remove("a")
+    services.roster.drop("a")
     for i in range(3):
         result = await services.router.route_owner_message(100 + i, CHAT, r["threadId"], payload(f"m{i}"))
         assert result.routed
@@ -33,7 +33,7 @@ async def test_offline_follower_messages_wait_and_the_owner_is_told_once(env: Le
     assert [d["item"]["text"] for d in conn.deliveries()] == ["m0", "m1", "m2"]
     for d in conn.deliveries():
         await services.followers.receipt(conn, d["deliveryId"])
-    await services.roster.hub.flush()
+    await services.delivery.flush()
     assert await services.router.journal.count_pending() == {}
 
 
@@ -61,7 +61,7 @@ async def test_deleted_topic_is_marked_and_the_follower_gets_a_new_one(env: Lead
     await services.topics.gone(Target(CHAT, r["threadId"]))  # what the outbox does on "message thread not found"
     binding = await env.binding("/w")
     assert binding.topic_state == "deleted" and binding.slot == r["slot"]
-    assert services.roster.registry.get("a") is None  # its next heartbeat is refused: it registers again
+    assert services.roster.get("a") is None  # its next heartbeat is refused: it registers again
     again = await env.register("a", cwd="/w", pid=10, generation="g2")
     assert again["threadId"] != r["threadId"] and again["slot"] == r["slot"]
 
@@ -119,9 +119,12 @@ async def test_journal_refuses_a_leader_that_lost_its_lease(env: LeaderEnv):
 async def test_a_batch_is_journaled_in_order_and_repeated_update_ids_count_once(env: LeaderEnv):
     services = await env.start()
     r = await env.register("a", cwd="/w", pid=10)
-    async with services.router.inbound_batch():
+    async with services.batches.open() as batch:
         for update_id in (801, 802, 802, 803):
-            await services.router.route_owner_message(update_id, CHAT, r["threadId"], payload(f"u{update_id}"))
+            result = await services.router.route_owner_message(update_id, CHAT, r["threadId"], payload(f"u{update_id}"),
+                                                               batch=batch)
+            assert result.reason == "queued"
+        assert env.connections["a"].deliveries() == []  # nothing journaled before the batch closes
     texts = [d["item"]["text"] for d in env.connections["a"].deliveries()]
     assert texts == ["u801", "u802", "u803"]
 

@@ -60,7 +60,6 @@ class Ports:
 
     clock: int = 0
     epoch: int | None = 1
-    profile: str | None = "default"
     liveness: dict[int, Liveness | Exception | object] = field(default_factory=dict)
     probed: list[int] = field(default_factory=list)
     policy: bool | None | Exception = False
@@ -160,7 +159,6 @@ class Harness:
             now_ms=p.now_ms,
             stale_after_ms=STALE_AFTER_MS,
             leader_epoch=lambda: p.epoch,
-            profile=lambda: p.profile,
             liveness=p.probe,
             cleanup_policy=p.cleanup_policy,
             on_confirmed_dead=self._confirmed_dead,
@@ -525,14 +523,6 @@ async def test_case41_epoch_change_drops_the_observation() -> None:
     h = Harness()
     await _pending_then_dead(h)
     h.ports.epoch = 2
-    await h.pruner.tick()
-    assert h.ports.preserved == [] and h.pending_ids() == []
-
-
-async def test_case41_profile_change_drops_the_observation() -> None:
-    h = Harness()
-    await _pending_then_dead(h)
-    h.ports.profile = "other-bot"
     await h.pruner.tick()
     assert h.ports.preserved == [] and h.pending_ids() == []
 
