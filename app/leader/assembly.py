@@ -22,6 +22,7 @@ from topicbus.leader.pruner import FollowerPruner
 from topicbus.core.registry import FollowerRegistry
 from topicbus.core.startup import Timers
 from topicbus.leader.agent_commands import AgentCommands, OfflineQueue
+from topicbus.leader.albums import Albums
 from topicbus.leader.buttons import ButtonPresses
 from topicbus.leader.control import ControlDesk
 from topicbus.leader.delivery import DeliveryHub
@@ -30,6 +31,7 @@ from topicbus.leader.followers import FollowerDesk
 from topicbus.leader.inbound import InboundScreen
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.notices import Notices
+from topicbus.leader.offline import OfflineNotices
 from topicbus.leader.outbound import OutboundOptions, OutboundScheduler, ScheduledGateway
 from topicbus.leader.output_intake import OutputIntake
 from topicbus.leader.preferences import Preferences
@@ -71,6 +73,7 @@ class LeaderServices:
     outbound: OutboundScheduler
     notices: Notices
     router: Router
+    albums: Albums
     intake: OutputIntake
     batches: InboundBatches
     registrations: Registrations
@@ -142,10 +145,14 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
     # Voice notes as text: downloaded through the gateway (no budget spent), transcribed in the
     # background, released into the binding's delivery (kick) once the transcript is in.
     transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=delivery.kick)
+    # Album parts gather in the journal and are sealed into one item a window after the last part.
+    albums = Albums(term, roster, delivery, journal, timers=timers)
     # A follower whose socket dropped has until it would count as stale to reconnect before the owner
     # is told it is offline.
-    router = Router(term, roster, delivery, gateway, notices, timers=timers, being_bound=being_bound,
-                    transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000)
+    offline = OfflineNotices(term, roster, notices, timers=timers, startup=display.startup,
+                             reconnect_grace_s=stale_after_ms / 1000)
+    router = Router(term, roster, delivery, gateway, notices, albums=albums, offline=offline,
+                    being_bound=being_bound, transcriber=transcriber)
     # Each getUpdates answer is one batch, journaled in one transaction before the poller confirms it.
     batches = InboundBatches(router)
     # Follower output is stored in the outbox (within each follower's cap) and wakes the scheduler.
@@ -166,7 +173,7 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                           mutations=mutations, preferences=preferences,
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
-                          batches=batches, intake=intake,
+                          batches=batches, intake=intake, albums=albums,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,
                           agent_commands=agent_commands, reactions=reactions, keyboards=keyboards,
                           press_answers=press_answers, buttons=buttons, transcriber=transcriber)
@@ -196,7 +203,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
     elif not await provision_control():
         return False
     s.press_answers.start()
-    await s.router.start()
+    await s.albums.start()  # albums a crashed term left gathering: sealed one window from now
     await s.transcriber.resume()  # voice notes a crashed term left held: transcribed again
     await s.buttons.resume()
     s.agent_commands.queue.start()
