@@ -31,6 +31,7 @@ from topicbus.leader.followers import FollowerDesk
 from topicbus.leader.inbound import InboundScreen
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.notices import Notices
+from topicbus.leader.occupancy import SlotOccupancy
 from topicbus.leader.offline import OfflineNotices
 from topicbus.leader.outbound import OutboundOptions, OutboundScheduler, ScheduledGateway
 from topicbus.leader.output_intake import OutputIntake
@@ -125,7 +126,8 @@ def assemble(term: LeaderTerm, *, bot: Bot, timers: Timers, liveness: LivenessPo
                                 admission=admission, timers=timers, titles=titles, debounce_s=display_debounce_s)
     topics = TopicEvents(term, roster, titles, display.schedule)
     provisioner = TopicProvisioner(term, gateway, preferences, output_moved=outbound.wake)
-    rotation = SlotRotation(term=term, roster=roster, admission=admission, gateway=gateway, gate=provisioner.gate)
+    rotation = SlotRotation(term=term, occupancy=SlotOccupancy(term, roster), admission=admission, gateway=gateway,
+                            gate=provisioner.gate)
     notices = Notices(term, control, outbound.wake)
     handler = DepartureHandler(term, gateway)
     departures = Departures(term, roster, preferences, admission, mutations, handler,
