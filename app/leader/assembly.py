@@ -32,6 +32,7 @@ from topicbus.core.mutations import FollowerMutationQueue
 from topicbus.core.registry import FollowerRegistry
 from topicbus.core.startup import StartupWindow, Timers
 from topicbus.leader.agent_commands import AgentCommands, OfflineQueue
+from topicbus.leader.albums import Albums
 from topicbus.leader.buttons import ButtonPresses
 from topicbus.leader.control import ControlDesk
 from topicbus.leader.delivery import DeliveryHub
@@ -40,6 +41,8 @@ from topicbus.leader.followers import FollowerDesk
 from topicbus.leader.inbound import InboundScreen
 from topicbus.leader.keyboards import Keyboards
 from topicbus.leader.notices import Notices
+from topicbus.leader.occupancy import SlotOccupancy
+from topicbus.leader.offline import OfflineNotices
 from topicbus.leader.outbound import OutboundOptions, OutboundScheduler, ScheduledGateway
 from topicbus.leader.output_intake import OutputIntake
 from topicbus.leader.preferences import Preferences
@@ -87,6 +90,7 @@ class LeaderServices:
     outbound: OutboundScheduler
     notices: Notices
     router: Router
+    albums: Albums
     intake: OutputIntake
     batches: InboundBatches
     registrations: Registrations
@@ -142,9 +146,10 @@ def assemble(term: LeaderTerm, *, db: Database, bot: Bot, clock: Clock, events: 
                                 admission=admission, timers=timers, titles=titles, gone=gone,
                                 debounce_s=display_debounce_s, store=store, events=events)
     topics = TopicEvents(term, roster, titles, gone, display.schedule, store=store)
-    provisioner = TopicProvisioner(gateway, preferences, output_moved=outbound.wake, chat_id=chat_id, store=store, clock=clock, events=events)
-    rotation = SlotRotation(term=term, roster=roster, admission=admission, gateway=gateway, gate=provisioner.gate,
-                            store=store, clock=clock, events=events)
+    provisioner = TopicProvisioner(gateway, preferences, output_moved=outbound.wake, chat_id=chat_id, store=store,
+                                   clock=clock, events=events)
+    rotation = SlotRotation(term=term, occupancy=SlotOccupancy(roster, store=store, clock=clock), admission=admission,
+                            gateway=gateway, gate=provisioner.gate, store=store, clock=clock, events=events)
     notices = Notices(term, control, outbound.wake, store=store, clock=clock)
     handler = DepartureHandler(term, gateway, store=store, clock=clock, events=events)
     departures = Departures(term, roster, preferences, admission, mutations, handler,
@@ -165,11 +170,14 @@ def assemble(term: LeaderTerm, *, db: Database, bot: Bot, clock: Clock, events: 
     # background, released into the binding's delivery (kick) once the transcript is in.
     transcriber = Transcriber(term, notices, transcription, download=gateway.open_download, kick=delivery.kick,
                               store=store, clock=clock, tasks=tasks)
+    # Album parts gather in the journal and are sealed into one item a window after the last part.
+    albums = Albums(term, roster, delivery, store.journal, clock=clock, timers=timers)
     # A follower whose socket dropped has until it would count as stale to reconnect before the owner
     # is told it is offline.
-    router = Router(term, roster, delivery, gateway, notices, timers=timers, being_bound=being_bound,
-                    transcriber=transcriber, startup=display.startup, reconnect_grace_s=stale_after_ms / 1000,
-                    store=store, clock=clock, events=events)
+    offline_notices = OfflineNotices(term, roster, notices, store=store, events=events, timers=timers,
+                                     startup=display.startup, reconnect_grace_s=stale_after_ms / 1000)
+    router = Router(term, roster, delivery, gateway, notices, albums=albums, offline=offline_notices,
+                    being_bound=being_bound, transcriber=transcriber, store=store, clock=clock, events=events)
     # Each getUpdates answer is one batch, journaled in one transaction before the poller confirms it.
     batches = InboundBatches(router)
     # Follower output is stored in the outbox (within each follower's cap) and wakes the scheduler.
@@ -193,7 +201,7 @@ def assemble(term: LeaderTerm, *, db: Database, bot: Bot, clock: Clock, events: 
                           roster=roster, admission=admission, mutations=mutations, preferences=preferences,
                           control=control, titles=titles, display=display, topics=topics, rotation=rotation,
                           departures=departures, pruner=pruner, outbound=outbound, notices=notices, router=router,
-                          batches=batches, intake=intake,
+                          batches=batches, intake=intake, albums=albums,
                           registrations=registrations, control_desk=control_desk, status=status, followers=followers,
                           agent_commands=agent_commands, reactions=reactions, keyboards=keyboards,
                           press_answers=press_answers, buttons=buttons, transcriber=transcriber)
@@ -223,7 +231,7 @@ async def open_term(services: LeaderServices, *, replay: bool = True,
     elif not await provision_control():
         return False
     s.press_answers.start()
-    await s.router.start()
+    await s.albums.start()  # albums a crashed term left gathering: sealed one window from now
     await s.transcriber.resume()  # voice notes a crashed term left held: transcribed again
     await s.buttons.resume()
     s.agent_commands.queue.start()

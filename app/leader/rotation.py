@@ -32,13 +32,10 @@ from topicbus.core.retirement import (AcquireFence, AdoptFence, Cancel, Commit, 
                                       DropIntent, FenceView, Finish, IntentView, IssueDeletion, MarkCommitReady,
                                       MarkRejected, PrepareIntent, ProbeTopic, RemoveFence, RestampIntent,
                                       RetirementState, RotationResult, next_step)
-from topicbus.core.target import Target
-from topicbus.core.slots import (Evidence, ExternalEvidence, LocalOccupancy, OccupancyBinding, Protection,
-                                 capture_occupancy)
 from topicbus.core.status import FenceStatus, IntentStatus, RotationCandidate, RotationStatus
 from topicbus.core.target import Target
 from topicbus.leader.provisioning import SlotUnavailable
-from topicbus.leader.roster import Roster
+from topicbus.leader.occupancy import SlotOccupancy
 from topicbus.leader.term import LeaderTerm, new_operation_id
 from topicbus.core.admission import Fence
 from topicbus.core.bindings import Binding
@@ -58,14 +55,14 @@ class SimulatedCrash(Exception):
 
 
 class SlotRotation:
-    def __init__(self, *, term: LeaderTerm, roster: Roster, admission: Admission, gateway: ScheduledGateway,
+    def __init__(self, *, term: LeaderTerm, occupancy: SlotOccupancy, admission: Admission, gateway: ScheduledGateway,
                  gate: asyncio.Lock, checkpoint: Callable[[str], Awaitable[None] | None] = lambda step: None,
                  store: Store, clock: Clock, events: EventJournal, new_id: Callable[[], str] = new_operation_id):
         self._term = term
         self._store = store
         self._clock = clock
         self._new_id = new_id
-        self._roster = roster
+        self._occupancy = occupancy
         self._admission = admission
         self._gateway = gateway
         self._events = events
@@ -73,9 +70,6 @@ class SlotRotation:
         self._runner_gate = asyncio.Lock()
         self._bindings = store.bindings
         self._intents = store.retirements
-        self._journal = store.journal
-        self._cleanups = store.cleanups
-        self._outbox = store.outbox
         self.checkpoint = checkpoint
         self.retired = 0
 
@@ -224,10 +218,10 @@ class SlotRotation:
             needs_eligibility = len(intents) == 1 and unchanged and (fence is None or fence.phase == "fenced")
             views.append(IntentView(id=intent.id, epoch=intent.leader_epoch, binding_exists=current is not None,
                                     binding_unchanged=unchanged,
-                                    eligible=needs_eligibility and await self._eligible(intent, intents, fence)))
+                                    eligible=needs_eligibility and await self._occupancy.eligible(intent, intents, fence)))
         plan = None
         if not intents and prepare:
-            snapshot, _ = await self._snapshot(None, intents, fence)
+            snapshot, _ = await self._occupancy.snapshot(None, intents, fence)
             plan = snapshot.plan(self._clock.now_ms())
         return RetirementState(owner=self._admission.owner, epoch=authority.epoch, prepare=prepare,
                                term_current=self._term.is_current(authority), intents=tuple(views), fence=fence_view,
@@ -286,65 +280,20 @@ class SlotRotation:
                             phase="workspace-rotation", slot=fence.slot, threadId=fence.thread_id)
         return _about(cancelled, fence.slot, fence.binding_key) if cancelled.kind == "cancelled" else cancelled
 
-    # --- occupancy ---------------------------------------------------------------------------------
-    async def _eligible(self, intent: RetirementIntent, intents: list[RetirementIntent], fence: Fence | None) -> bool:
-        snapshot, _ = await self._snapshot(intent.id, intents, fence)
-        candidate = next((c for c in snapshot.candidates if c.binding_key == intent.binding_key), None)
-        return candidate is not None and candidate.protection is Protection.ELIGIBLE
-
-    async def _snapshot(self, exclude_intent: str | None, intents: list[RetirementIntent], fence: Fence | None):
-        """Occupancy now; ``intents`` and ``fence`` as the caller has just read them (not read twice)."""
-        # Five independent reads, queued on the connection's thread together: it runs them back to
-        # back instead of waiting for the loop to hand it each next one (three snapshots a rotation).
-        all_bindings, owner_rows, cleanups, queued, outbox_keys = await asyncio.gather(
-            self._bindings.all(), self._bindings.owners(), self._cleanups.all(), self._journal.count_pending(),
-            self._outbox.pending_binding_keys())
-        bindings = {b.binding_key: b for b in all_bindings}
-        owners = {o.binding_key for o in owner_rows}
-        live_keys = {f.binding_key for f in self._roster.followers() if f.binding_key}
-        current = [b for b in bindings.values() if b.binding_key in owners or b.binding_key in live_keys
-                   or b.kind == "leader"]
-        cleanup_keys = {c.binding_key for c in cleanups}
-        others = [i for i in intents if i.id != exclude_intent]
-        local = LocalOccupancy(
-            current_targets=frozenset(_target(b) for b in current),
-            current_slots=frozenset(b.slot for b in current if b.slot),
-            pending_cleanup_targets=frozenset(Target(c.chat_id, c.thread_id) for c in cleanups),
-            pending_cleanup_slots=frozenset(b.slot for b in bindings.values() if b.binding_key in cleanup_keys and b.slot),
-            retirement_binding_keys=frozenset(i.binding_key for i in others),
-            retirement_slots=frozenset(i.slot for i in others),
-        )
-
-        def external(ob: OccupancyBinding) -> ExternalEvidence:
-            key = ob.binding_key
-            owner = Evidence.PROTECTED if key in owners or key in live_keys else Evidence.CLEAR
-            work = Evidence.PROTECTED if queued.get(key) or key in outbox_keys else Evidence.CLEAR
-            route = Evidence.PROTECTED if self._roster.is_online(key) else Evidence.CLEAR
-            return ExternalEvidence(live_owner=owner, accepted_work=work, delivery_authority=route)
-
-        snapshot = capture_occupancy(
-            [OccupancyBinding(b.binding_key, b.slot, _target(b), b.inactive_since_ms) for b in bindings.values()],
-            local, external, self._clock.now_ms(), [fence.slot] if fence else [])
-        return snapshot, bindings
-
     async def occupancy(self) -> RotationStatus:
         """For status: slots in use, inactive bindings in rotation order, and the fence."""
         intents, fence = await asyncio.gather(self._intents.all(), self._admission.fence())
-        snapshot, bindings = await self._snapshot(None, intents, fence)
+        snapshot, bindings = await self._occupancy.snapshot(None, intents, fence)
         order = sorted((c for c in snapshot.candidates if c.inactive_since_ms is not None),
                        key=lambda c: (c.inactive_since_ms, c.slot))
         used = sum(1 for b in bindings.values() if b.slot)
         return RotationStatus(
             slots_used=used, slots_free=26 - used,
-            rotation_order=tuple(RotationCandidate(c.slot.upper(), c.inactive_since_ms, str(c.protection))
+            rotation_order=tuple(RotationCandidate(c.slot.upper(), int(c.inactive_since_ms or 0), str(c.protection))
                                  for c in order),
             fence=None if fence is None else FenceStatus(fence.slot, fence.phase, fence.thread_id),
             intents=tuple(IntentStatus(i.slot, i.binding_key) for i in intents),
             retired=self.retired)
-
-
-def _target(b: Binding) -> Target:
-    return Target(b.chat_id, b.thread_id or 0)
 
 
 def _about(result: RotationResult, slot: str, binding_key: str) -> RotationResult:

@@ -7,15 +7,6 @@ a batch are only queued in it, and the whole batch is journaled in one transacti
 (:meth:`InboundBatches.open`), before the poller confirms those updates. A reserved command in the
 batch first flushes what was queued before it (:meth:`Router.flush`), so it acts after those messages.
 
-Albums: each part is journaled as it arrives (``gathering``), so a confirmed update is never only in
-memory. The parts of one ``media_group_id`` are sealed into one ``media`` item about
-:data:`ALBUM_WINDOW_S` after the last part arrived (a one-shot timer per album, pushed back by each
-part). Telegram's albums have 10 parts at most, but no part of a longer one is dropped: once
-``MAX_MEDIA_FILES`` parts gather they are sealed at once, and every run of that many parts is one
-item. Delivery stops at a gathering part, so nothing after the album overtakes it. A term that
-starts with albums still gathering (its predecessor crashed) seals them one window after it starts
-(:meth:`Router.start`), so late parts that Telegram sends again still join their album. Sealing is
-one transaction, so the album is delivered once.
 
 Follower output goes the other way, into the outbox: ``leader/output_intake``.
 """
@@ -23,7 +14,6 @@ Follower output goes the other way, into the outbox: ``leader/output_intake``.
 from __future__ import annotations
 
 import asyncio
-import functools
 import re
 import time
 from collections import deque
@@ -39,31 +29,24 @@ from topicbus.core.clock import Clock
 from topicbus.logsetup import EventJournal
 from topicbus.ports.telegram import FileDownload
 from topicbus.core.registry import FollowerRecord
-from topicbus.core.startup import StartupWindow, Timers
+from topicbus.leader.albums import Albums
 from topicbus.leader.delivery import DeliveryHub
 from topicbus.ports.bus import FollowerConnection
-from topicbus.leader.inbound import combine_album, too_large_files, too_large_notice
+from topicbus.leader.inbound import too_large_files, too_large_notice
 from topicbus.leader.notices import Notices
+from topicbus.leader.offline import OfflineNotices
 from topicbus.leader.outbound import ScheduledGateway
 from topicbus.leader.roster import Roster
 from topicbus.leader.term import LeaderTerm
 from topicbus.leader.topics import TopicsBeingBound
 from topicbus.leader.transcription import TRANSCRIBE, Cause, Transcriber
-from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES
+from topicbus.protocol import CAP_EDIT
 from topicbus.core.authority import Authority, AuthorityLost
 from topicbus.core.journal import JournalItem
 
-# A follower whose socket dropped (not pruned: its heartbeats were recent) reconnects within seconds;
-# an owner message meanwhile tells the owner it is offline only if it is still absent after this
-# (the composition root passes FOLLOWER_STALE_AFTER_MS).
-RECONNECT_GRACE_S = 15.0
-OFFLINE_NOTICE = ("⏸ This agent is offline. Your message is kept and will be delivered when it reconnects. "
-                  "/queue lists what waits, /drop discards it.")
 EDITS_NOT_TAKEN = ("✏️ This agent does not take edits: it keeps the message as you first sent it. "
                    "Send the corrected text as a new message.")
 TARGET_CACHE_LIMIT = 4096
-ALBUM_WINDOW_S = 1.0  # an album is sealed this long after its last part arrived
-ALBUM_JOB_PREFIX = "topicbus.album:"
 
 Row = tuple[int, str, InboundItem, str | None]  # update id, binding key, payload, media group
 
@@ -109,25 +92,17 @@ class InboundBatch:
 
 class Router:
     def __init__(self, term: LeaderTerm, roster: Roster, delivery: DeliveryHub, gateway: ScheduledGateway,
-                 notices: Notices, *, timers: Timers | None = None,
-                 album_window_s: float = ALBUM_WINDOW_S, being_bound: TopicsBeingBound | None = None,
-                 transcriber: Transcriber | None = None, startup: StartupWindow | None = None,
-                 reconnect_grace_s: float = RECONNECT_GRACE_S, store: Store, clock: Clock, events: EventJournal):
+                 notices: Notices, *, albums: Albums, offline: OfflineNotices,
+                 being_bound: TopicsBeingBound | None = None, transcriber: Transcriber | None = None,
+                 store: Store, clock: Clock, events: EventJournal):
         self._term = term
         self._store = store
         self._clock = clock
         self._events = events
-        # After a leader start, agents are still reconnecting: no one is told an agent is offline
-        # until the startup window ends, and then only about agents still absent.
-        self._startup = startup
-        self._reconnect_grace_s = reconnect_grace_s
-        self._offline_due: set[str] = set()
-        if startup is not None:
-            startup.when_settled(self._notify_still_absent)
+        self._albums = albums
+        self._offline = offline
         self._being_bound = being_bound or TopicsBeingBound()
         self._transcriber = transcriber
-        self._timers = timers
-        self._album_window_s = album_window_s
         self._edit_noticed: set[tuple[str, str]] = set()  # (binding, generation) told that edits are not taken
         self._roster = roster
         self._delivery = delivery
@@ -146,11 +121,6 @@ class Router:
     def routed(self) -> int:
         """Owner items routed (journaled for a follower) in this term."""
         return self.stats["routed"]
-
-    async def start(self) -> None:
-        """A new term: albums left gathering by the previous leader are sealed one window from now."""
-        for binding_key, group in await self.journal.gathering_groups():
-            self._schedule_seal(binding_key, group)
 
     async def route_owner_message(self, update_id: int, chat_id: int, thread_id: int,
                                   payload: InboundItem, *, media_group: str | None = None,
@@ -231,24 +201,17 @@ class Router:
                 by_binding.setdefault(item.binding_key, []).append(item)
             full = []
             for key, group_id in dict.fromkeys((i.binding_key, i.media_group) for i in items if i.media_group):
-                if await self._album_part_added(key, group_id):
+                if await self._albums.part_added(key, group_id):
                     full.append((key, group_id))
             for key, group in by_binding.items():
                 if self._roster.is_routed(key):
                     await self._delivery.deliver_new(key, group)
                     if received_at is not None:
                         self.latency.add_many((time.perf_counter() - received_at) * 1000.0, len(group))
-                elif self._startup is not None and not self._startup.settled:
-                    self._offline_due.add(key)  # its reconnect is due: told only if it is still absent
-                elif self._roster.reconnect_due(key) and self._timers is not None:
-                    # Its socket dropped, but it was not pruned: follow reconnects within seconds, so
-                    # the owner is told only if it is still absent when that grace is over.
-                    self._timers.once(f"topicbus.offline:{key}", self._reconnect_grace_s,
-                                      functools.partial(self._notify_if_still_absent, key))
                 else:
-                    await self._notify_offline(key, authority)
+                    await self._offline.message_waits(key, authority)
             for key, group_id in full:
-                await self._seal(key, group_id)
+                await self._albums.seal(key, group_id)
         for item in items:
             await self._tell_owner(item, authority)
             verdict = verdicts.get(item.update_id)
@@ -300,74 +263,6 @@ class Router:
                 if told not in self._edit_noticed:
                     self._edit_noticed.add(told)
                     await self._notices.post(item.binding_key, EDITS_NOT_TAKEN, authority=authority)
-
-    # --- albums -----------------------------------------------------------------------------------
-    async def _album_part_added(self, binding_key: str, group: str) -> bool:
-        """Push the album's seal back by one window; True when it is to be sealed now (it is full)."""
-        if self._timers is None or await self.journal.count_gathering(binding_key, group) >= MAX_MEDIA_FILES:
-            if self._timers is not None:
-                self._timers.cancel(self._album_job(binding_key, group))
-            return True
-        self._schedule_seal(binding_key, group)
-        return False
-
-    @staticmethod
-    def _album_job(binding_key: str, group: str) -> str:
-        return f"{ALBUM_JOB_PREFIX}{binding_key}:{group}"
-
-    def _schedule_seal(self, binding_key: str, group: str) -> None:
-        if self._timers is None:
-            return
-        self._timers.once(self._album_job(binding_key, group), self._album_window_s,
-                          lambda: self._seal(binding_key, group))
-
-    async def _seal(self, binding_key: str, group: str) -> None:
-        """Fold an album's parts into one item (one transaction), then deliver it."""
-        try:
-            sealed = await self.journal.seal_group(binding_key, group, combine_album, self._clock.now_ms(),
-                                                   self._term.authority(), parts_per_item=MAX_MEDIA_FILES)
-        except AuthorityLost:
-            return  # the next leader seals it when its term starts
-        except Exception as exc:  # noqa: BLE001 - storage trouble: try again one window later
-            logger.bind(phase="album").warning("album not sealed yet ({}); retrying", type(exc).__name__)
-            self._schedule_seal(binding_key, group)
-            return
-        if sealed and self._roster.is_routed(binding_key):
-            await self._delivery.kick(binding_key)
-
-    async def _notify_if_still_absent(self, binding_key: str) -> None:
-        """A follower's reconnect grace is over: the offline notice, if it did not come back."""
-        authority = self._term.current()
-        if authority is None or self._roster.is_routed(binding_key):
-            return
-        try:
-            await self._notify_offline(binding_key, authority)
-        except AuthorityLost:
-            return
-
-    async def _notify_still_absent(self) -> None:
-        """The startup window ended: the offline notice for each agent a message waited for during it
-        that is still absent."""
-        due, self._offline_due = self._offline_due, set()
-        absent = [key for key in sorted(due) if not self._roster.is_routed(key)]
-        logger.bind(phase="startup").debug("startup window over: {} agent(s) had messages, {} still absent",
-                                           len(due), len(absent))
-        authority = self._term.current()
-        if authority is None:
-            return
-        for key in absent:
-            try:
-                await self._notify_offline(key, authority)
-            except AuthorityLost:
-                return
-            except Exception as exc:  # noqa: BLE001 - a notice is never worth failing the window's end
-                self._events.record(exc, phase="offline-notice", level="WARNING")
-
-    async def _notify_offline(self, binding_key: str, authority: Authority) -> None:
-        async with self._store.unit_of_work(authority) as uow:
-            first = await uow.bindings.set_offline_notified(binding_key)
-        if first:
-            await self._notices.post(binding_key, OFFLINE_NOTICE, authority=authority)
 
     async def receipt(self, connection: FollowerConnection, delivery_id: str) -> None:
         entry = self._roster.follower_on(connection)

@@ -33,7 +33,7 @@ from tests.e2e.harness import CHAT_ID, OWNER_ID, Cluster
 from tests.e2e.test_inbound import RawAgent, push
 from tests.fakebotapi import JSON, FakeBotApi
 from topicbus.leader.notices import TOPIC_HINT
-from topicbus.leader.routing import OFFLINE_NOTICE
+from topicbus.leader.offline import OFFLINE_NOTICE
 
 NEW_TOPICS = int(os.environ.get("TOPICBUS_CHAOS_NEW_TOPICS", "20"))
 QUEUED = int(os.environ.get("TOPICBUS_CHAOS_QUEUED", "20000"))

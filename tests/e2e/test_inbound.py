@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.harness import CHAT_ID, OWNER_ID, SECRET, Cluster, RawBus, register_frame
-from topicbus.leader.routing import OFFLINE_NOTICE
+from topicbus.leader.offline import OFFLINE_NOTICE
 from topicbus.protocol import Capabilities, follower_identity, heartbeat_frame, receipt_frame, send_frame, text_message
 
 pytestmark = pytest.mark.e2e

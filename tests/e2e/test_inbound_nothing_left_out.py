@@ -17,7 +17,7 @@ from tests.e2e.harness import CHAT_ID, OWNER_ID, Cluster
 from tests.e2e.test_inbound import RawAgent, leader, push
 from tests.fakebotapi import JSON
 from topicbus.leader.notices import TOPIC_HINT
-from topicbus.leader.routing import OFFLINE_NOTICE
+from topicbus.leader.offline import OFFLINE_NOTICE
 
 pytestmark = pytest.mark.e2e
 

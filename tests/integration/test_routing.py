@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from topicbus.core.records import MessageItem, TextMessage
 from topicbus.core.target import Target
-from topicbus.leader.routing import OFFLINE_NOTICE
+from topicbus.leader.offline import OFFLINE_NOTICE
 from tests.integration.leader_env import CHAT, LeaderEnv
 from tests.support.waiting import wait_until
 
