@@ -15,7 +15,8 @@ messages, its live message (at each edit) and its output files carry the Interru
 calls that go out anyway. The one call made for a keyboard alone takes an Interrupt button off a
 message that is no longer the stream's latest, or off the last one once the stream ended
 (:class:`~topicbus.core.output.Unbutton`, the lowest priority; an edit that grows the live message
-without it removes it for free).
+without it removes it for free). :class:`CarriedKeyboards` knows which keyboard each topic's live
+and screen message carries.
 
 Durability: the rows one Telegram message covers are marked sent in one transaction after Telegram
 accepted it; a crash in between repeats at most that one message per topic. A row Telegram refused for
@@ -94,9 +95,7 @@ class OutputSender:
         self._wire = wire
         self._output = output
         self._on_topic_gone = on_topic_gone
-        self._keyboards = keyboards
-        self._live_keyboards: dict[Target, Keyboard] = {}  # the keyboard on each topic's live message
-        self._screen_keyboards: dict[Target, Keyboard] = {}  # the keyboard on each topic's screen message
+        self._keyboards = CarriedKeyboards(keyboards, events)
         self._repo = store.outbox
         self._arrived: dict[int, int] = {}  # outbox id -> when this term first saw it (monotonic ms)
         self.stats = OutboundStats()
@@ -168,7 +167,7 @@ class OutputSender:
             await self._extend(key, topic, Extend(step.items), now)
             return
         buttons = _buttons(payloads.get(head.id)) if head.has_buttons else ()
-        keyboard = await self._keyboard(key, head.id, step.items[-1].id, buttons, printing=not step.notify)
+        keyboard = await self._keyboards.for_message(key, head.id, step.items[-1].id, buttons, printing=not step.notify)
         markup = keys(keyboard) if keyboard is not None else None
         rendered = render(raw, head.fmt)
         parts = split(rendered) or [Rendered(raw or " ")]
@@ -192,42 +191,11 @@ class OutputSender:
                                     fmt=head.fmt, raw=raw, units=utf16_len(raw), growable=growable,
                                     arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns)
             _keep_tail(topic, step.items, payloads)
-            await self._carried(key, keyboard, message_id, live=topic.turn.stream.live is not None)
+            await self._keyboards.carried(key, keyboard, message_id, live=topic.turn.stream.live is not None)
             topic.turn.carried_button(message_id, _interrupts(keyboard))
             self.stats.messages += len(parts)
             if head.kind == "text":
                 self.stats.units_sent += utf16_len(raw)
-
-    async def _keyboard(self, key: Target, head_id: int, last_id: int, buttons: tuple[tuple[Button, ...], ...], *,
-                        printing: bool) -> Keyboard | None:
-        """The keyboard a new message carries (``leader/keyboards``); None when there is none or it
-        cannot be stored now (the output still goes out)."""
-        if self._keyboards is None:
-            return None
-        try:
-            return await self._keyboards.for_message(key, head_id=head_id, last_id=last_id,
-                                                     buttons=buttons, printing=printing)
-        except AuthorityLost:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a keyboard is never worth holding output back
-            self._events.record(exc, phase="outbound-keyboard", level="WARNING")
-            return None
-
-    async def _carried(self, key: Target, keyboard: Keyboard | None, message_id: int | None, *,
-                       live: bool) -> None:
-        """A message went out with ``keyboard``: remember its message; the live message's keyboard is
-        kept so that the edits that grow it keep (or drop) the Interrupt button."""
-        if keyboard is not None and self._keyboards is not None:
-            try:
-                keyboard = await self._keyboards.sent(keyboard, message_id)
-            except AuthorityLost:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
-                self._events.record(exc, phase="outbound-keyboard", level="WARNING")
-        if live and keyboard is not None:
-            self._live_keyboards[key] = keyboard
-        else:
-            self._live_keyboards.pop(key, None)
 
     async def _send_text(self, key: Target, message: Rendered, raw: str, *, silent: bool,
                          markup: Any = None, priority: Priority = Priority.OUTPUT,
@@ -258,7 +226,7 @@ class OutputSender:
             topic.turn.stream.live = None  # no room after rendering: the next turn starts a new message
             return
         chat = key.chat_id
-        keyboard = None if prompt else await self._growing_keyboard(key, live.message_id, step.items[-1].id)
+        keyboard = None if prompt else await self._keyboards.growing(key, live.message_id, step.items[-1].id)
         markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(key, True, lambda: self._gateway.edit_message(chat, live.message_id, rendered,
                                                                             buttons=markup))
@@ -266,30 +234,17 @@ class OutputSender:
             # The message cannot be edited (deleted, too old), or the joined text does not parse (HTML):
             # the items go out in a new message instead, which falls back to plain text if need be.
             topic.turn.stream.live = None
-            self._live_keyboards.pop(key, None)
+            self._keyboards.drop_live(key)
             return
         if await self._settle(key, topic, step.items, result, live.message_id):
             topic.turn.extended(int(time.monotonic() * 1000), raw, utf16_len(raw),
                                 arrived_ms=max(i.arrived_ms for i in step.items), owner_turns=owner_turns,
                                 prompt=prompt)
             _keep_tail(topic, step.items, payloads)
-            await self._carried(key, keyboard, live.message_id, live=topic.turn.stream.live is not None)
+            await self._keyboards.carried(key, keyboard, live.message_id, live=topic.turn.stream.live is not None)
             topic.turn.carried_button(live.message_id, _interrupts(keyboard))  # an edit without it took it off
             self.stats.edits += 1
             self.stats.units_sent += utf16_len(added)
-
-    async def _growing_keyboard(self, key: Target, message_id: int, last_id: int,
-                                kept: dict[Target, Keyboard] | None = None) -> Keyboard | None:
-        """The keyboard of the live message (or, with ``kept=self._screen_keyboards``, the screen
-        message) at an edit that grows it (the agent is printing): its Interrupt button while the
-        registration that printed it is still registered, a new one for the newest output's process
-        otherwise. Telegram drops a keyboard the edit does not repeat."""
-        if self._keyboards is None:
-            return None
-        current = (self._live_keyboards if kept is None else kept).get(key)
-        if current is not None and current.message_id == message_id and self._keyboards.still_interruptible(current):
-            return current
-        return await self._keyboard(key, last_id, last_id, (), printing=True)
 
     async def _screen_frame(self, key: Target, topic: TopicOutput, step: NewScreen | EditScreen) -> None:
         """The newest pending frame of a full-screen program: a new screen message, or the screen message
@@ -305,23 +260,22 @@ class OutputSender:
             if raw == screen.raw:
                 result = CallResult(CallOutcome.OK)
             else:
-                keyboard = await self._growing_keyboard(key, screen.message_id, newest.id,
-                                                         self._screen_keyboards)
+                keyboard = await self._keyboards.growing(key, screen.message_id, newest.id, screen=True)
                 markup = keys(keyboard) if keyboard is not None else None
                 result = await self._send(key, True, lambda: self._gateway.edit_message(chat, screen.message_id,
                                                                                     rendered, buttons=markup))
                 if result.outcome is CallOutcome.REJECTED:
                     topic.turn.stream.screen = None  # deleted, too old: the next turn starts a new screen message
-                    self._screen_keyboards.pop(key, None)
+                    self._keyboards.drop_screen(key)
                     return
                 if result.ok:
-                    await self._screen_carried(key, keyboard, screen.message_id)
+                    await self._keyboards.screen_carried(key, keyboard, screen.message_id)
                     self.stats.edits += 1
             if await self._settle(key, topic, step.items, result, screen.message_id):
                 topic.turn.screen_edited(now_ms, raw, newest.arrived_ms)
             return
         notify = isinstance(step, NewScreen) and step.notify
-        keyboard = await self._keyboard(key, step.items[0].id, newest.id, (), printing=True)
+        keyboard = await self._keyboards.for_message(key, step.items[0].id, newest.id, (), printing=True)
         markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(key, True, lambda: self._gateway.send_message(key, rendered, silent=not notify,
                                                                             buttons=markup))
@@ -329,22 +283,10 @@ class OutputSender:
         if await self._settle(key, topic, step.items, result, message_id):
             topic.turn.screen_sent(now_ms, notify=notify, message_id=message_id, raw=raw,
                                    arrived_ms=newest.arrived_ms)
-            self._live_keyboards.pop(key, None)
-            await self._screen_carried(key, keyboard, message_id)
+            self._keyboards.drop_live(key)
+            await self._keyboards.screen_carried(key, keyboard, message_id)
             self.stats.messages += 1
             self.stats.units_sent += utf16_len(raw)
-
-    async def _screen_carried(self, key: Target, keyboard: Keyboard | None, message_id: int | None) -> None:
-        if keyboard is None or self._keyboards is None:
-            self._screen_keyboards.pop(key, None)
-            return
-        try:
-            keyboard = await self._keyboards.sent(keyboard, message_id)
-        except AuthorityLost:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
-            self._events.record(exc, phase="outbound-keyboard", level="WARNING")
-        self._screen_keyboards[key] = keyboard
 
     async def _as_file(self, key: Target, topic: TopicOutput, step: AsFile, now: float) -> None:
         items = step.items
@@ -355,7 +297,7 @@ class OutputSender:
         stamp = datetime.now(UTC).strftime("%H%M%S")
         preview = tail(raw, MAX_CAPTION - 2)
         caption = render(preview, "pre")
-        keyboard = await self._keyboard(key, items[0].id, items[-1].id, (), printing=True)
+        keyboard = await self._keyboards.for_message(key, items[0].id, items[-1].id, (), printing=True)
         markup = keys(keyboard) if keyboard is not None else None
         result = await self._send(key, True, lambda: self._gateway.send_document(
             key, f"output-{stamp}.txt", raw.encode("utf-8", "surrogatepass"), caption, silent=True,
@@ -365,7 +307,7 @@ class OutputSender:
             topic.turn.sent_message(int(time.monotonic() * 1000), notify=False, message_id=message_id,
                                     fmt=items[0].fmt, raw=raw, units=utf16_len(raw), growable=False,
                                     arrived_ms=max(i.arrived_ms for i in items))
-            await self._carried(key, keyboard, message_id, live=False)
+            await self._keyboards.carried(key, keyboard, message_id, live=False)
             topic.turn.carried_button(message_id, _interrupts(keyboard))
             self.stats.files += 1
             self.stats.units_sent += utf16_len(raw)
@@ -376,7 +318,7 @@ class OutputSender:
         if result.outcome is CallOutcome.RETRY_AFTER:
             return  # the chat is paused already (the wire); the ping is owed still
         topic.turn.pinged(int(time.monotonic() * 1000))  # a failed ping is not retried: it carries no output
-        self._live_keyboards.pop(key, None)
+        self._keyboards.drop_live(key)
         if result.ok:
             self.stats.pings += 1
 
@@ -388,9 +330,7 @@ class OutputSender:
         if result.outcome is CallOutcome.RETRY_AFTER:
             return
         topic.turn.carried_button(step.message_id, False)
-        current = self._live_keyboards.get(key)
-        if current is not None and current.message_id == step.message_id:
-            self._live_keyboards.pop(key, None)  # a later edit of it asks for a new one
+        self._keyboards.unbuttoned(key, step.message_id)
         if result.ok:
             self.stats.unbuttoned += 1
 
@@ -453,6 +393,90 @@ def _text(payload: OutboxItem | None) -> str:
 
 def _buttons(payload: OutboxItem | None) -> tuple[tuple[Button, ...], ...]:
     return payload.buttons if isinstance(payload, TextMessage) else ()
+
+
+class CarriedKeyboards:
+    """The keyboard each output message carries (``leader/keyboards``: a follower's buttons, or the
+    Interrupt button while an agent prints), and which one is on each topic's live message and screen
+    message, so that the edits that grow them keep it (or take it off). A keyboard is never worth
+    holding output back: one that cannot be stored is left out, the failure recorded."""
+
+    def __init__(self, keyboards: Keyboards | None, events: EventJournal):
+        self._events = events
+        self._keyboards = keyboards
+        self._live_keyboards: dict[Target, Keyboard] = {}  # the keyboard on each topic's live message
+        self._screen_keyboards: dict[Target, Keyboard] = {}  # the keyboard on each topic's screen message
+
+    async def for_message(self, key: Target, head_id: int, last_id: int, buttons: tuple[tuple[Button, ...], ...], *,
+                          printing: bool) -> Keyboard | None:
+        """The keyboard a new message carries (``leader/keyboards``); None when there is none or it
+        cannot be stored now (the output still goes out)."""
+        if self._keyboards is None:
+            return None
+        try:
+            return await self._keyboards.for_message(key, head_id=head_id, last_id=last_id,
+                                                     buttons=buttons, printing=printing)
+        except AuthorityLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a keyboard is never worth holding output back
+            self._events.record(exc, phase="outbound-keyboard", level="WARNING")
+            return None
+
+    async def carried(self, key: Target, keyboard: Keyboard | None, message_id: int | None, *,
+                      live: bool) -> None:
+        """A message went out with ``keyboard``: remember its message; the live message's keyboard is
+        kept so that the edits that grow it keep (or drop) the Interrupt button."""
+        if keyboard is not None and self._keyboards is not None:
+            try:
+                keyboard = await self._keyboards.sent(keyboard, message_id)
+            except AuthorityLost:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
+                self._events.record(exc, phase="outbound-keyboard", level="WARNING")
+        if live and keyboard is not None:
+            self._live_keyboards[key] = keyboard
+        else:
+            self._live_keyboards.pop(key, None)
+
+    async def growing(self, key: Target, message_id: int, last_id: int, *,
+                      screen: bool = False) -> Keyboard | None:
+        """The keyboard of the live message (or, with ``screen``, the screen message) at an edit that
+        grows it (the agent is printing): its Interrupt button while the registration that printed it
+        is still registered, a new one for the newest output's process otherwise. Telegram drops a
+        keyboard the edit does not repeat."""
+        if self._keyboards is None:
+            return None
+        current = (self._screen_keyboards if screen else self._live_keyboards).get(key)
+        if current is not None and current.message_id == message_id and self._keyboards.still_interruptible(current):
+            return current
+        return await self.for_message(key, last_id, last_id, (), printing=True)
+
+    async def screen_carried(self, key: Target, keyboard: Keyboard | None, message_id: int | None) -> None:
+        """A screen message went out (or was edited) with ``keyboard``: kept for its next edit."""
+        if keyboard is None or self._keyboards is None:
+            self._screen_keyboards.pop(key, None)
+            return
+        try:
+            keyboard = await self._keyboards.sent(keyboard, message_id)
+        except AuthorityLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
+            self._events.record(exc, phase="outbound-keyboard", level="WARNING")
+        self._screen_keyboards[key] = keyboard
+
+    def drop_live(self, key: Target) -> None:
+        """The topic's live message is no longer grown (or no longer carries a keyboard)."""
+        self._live_keyboards.pop(key, None)
+
+    def drop_screen(self, key: Target) -> None:
+        self._screen_keyboards.pop(key, None)
+
+    def unbuttoned(self, key: Target, message_id: int) -> None:
+        """The Interrupt button was taken off ``message_id``: if it is the live message, a later edit
+        of it asks for a new keyboard."""
+        current = self._live_keyboards.get(key)
+        if current is not None and current.message_id == message_id:
+            self._live_keyboards.pop(key, None)
 
 
 # --- tails (tail-v1): a line still being redrawn, replaced by what follows ----------------------------

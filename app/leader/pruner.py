@@ -2,7 +2,8 @@
 running the pure decision table of :mod:`topicbus.core.pruning` (reference §4.5–4.8).
 
 All I/O comes in through constructor ports; periodic scheduling is done by the caller (PTB's
-JobQueue calls ``tick()``), so this module creates no timers.
+JobQueue calls ``tick()``), so this module creates no timers. Which pruned followers are watched for
+a later preservation is :class:`PreservationObservations`; :class:`FollowerPruner` runs the passes.
 """
 
 from __future__ import annotations
@@ -59,6 +60,63 @@ class PendingObservation:
     follower: FollowerRecord
 
 
+class PreservationObservations:
+    """The pruned followers watched for a later, non-destructive preservation: at most
+    ``MAX_PENDING_OBSERVATIONS`` (one per slot letter), oldest first, each holding a registry handle
+    that a new registration of the same follower invalidates. An observation is forgotten (its handle
+    released) once it was acted on, once it stopped being current, or when the prune generation ends."""
+
+    def __init__(self, registry: FollowerRegistry, new_operation_id: Callable[[], str]):
+        self._registry = registry
+        self._new_operation_id = new_operation_id
+        self._pending: dict[str, _Observation] = {}
+
+    def current(self) -> list[_Observation]:
+        """The observations pending now, oldest first."""
+        return list(self._pending.values())
+
+    def view(self) -> tuple[PendingObservation, ...]:
+        """The pending preservation observations, oldest first."""
+        return tuple(
+            PendingObservation(instance_id, observation.operation_id, observation.follower.copy())
+            for instance_id, observation in self._pending.items()
+        )
+
+    def of(self, instance_id: str) -> _Observation | None:
+        return self._pending.get(instance_id)
+
+    def watch(self, follower: FollowerRecord, pass_is_current: Callable[[], bool]) -> _Observation | None:
+        """Watch a pruned follower; None when no room is left."""
+        if len(self._pending) >= MAX_PENDING_OBSERVATIONS:
+            return None
+        observation = _Observation(
+            follower,
+            self._registry.observe_unregistered(follower),
+            self._new_operation_id(),
+            pass_is_current,
+        )
+        self._pending[follower.instance_id] = observation
+        return observation
+
+    def forget(self, observation: _Observation | None) -> None:
+        if observation is None:
+            return
+        # Identity check: an old attempt must never erase a newer observation for the same id.
+        if self._pending.get(observation.follower.instance_id) is observation:
+            del self._pending[observation.follower.instance_id]
+        observation.handle.release()
+
+    def forget_stale(self) -> None:
+        """Forget the observations that stopped being current (a new registration, a past pass)."""
+        for observation in list(self._pending.values()):
+            if not observation.is_current():
+                self.forget(observation)
+
+    def forget_all(self) -> None:
+        for observation in list(self._pending.values()):
+            self.forget(observation)
+
+
 @dataclass(slots=True)
 class _Attempt:
     follower: FollowerRecord
@@ -95,13 +153,12 @@ class FollowerPruner:
         self._on_confirmed_dead_preserved = on_confirmed_dead_preserved
         self._record_event = record_event
         self._ensure_endpoint = ensure_endpoint
-        self._new_operation_id = new_operation_id
         self._on_pruned = on_pruned
         self._generation = 0
         self._running = False
         self._in_flight: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._pending: dict[str, _Observation] = {}
+        self._observations = PreservationObservations(registry, new_operation_id)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,8 +185,7 @@ class FollowerPruner:
         """
         self._generation += 1
         self._running = False
-        for observation in list(self._pending.values()):
-            self._forget(observation)
+        self._observations.forget_all()
         self._in_flight = None
 
     async def tick(self) -> None:
@@ -164,23 +220,12 @@ class FollowerPruner:
 
     def pending_observations(self) -> tuple[PendingObservation, ...]:
         """The pending preservation observations, oldest first."""
-        return tuple(
-            PendingObservation(instance_id, observation.operation_id, observation.follower.copy())
-            for instance_id, observation in self._pending.items()
-        )
+        return self._observations.view()
 
     def forget_instance(self, instance_id: str) -> None:
         """Drop the pending observation for ``instance_id`` (registration provisioning calls this
         before it may change that instance's ownership in the store)."""
-        self._forget(self._pending.get(instance_id))
-
-    def _forget(self, observation: _Observation | None) -> None:
-        if observation is None:
-            return
-        # Identity check: an old attempt must never erase a newer observation for the same id.
-        if self._pending.get(observation.follower.instance_id) is observation:
-            del self._pending[observation.follower.instance_id]
-        observation.handle.release()
+        self._observations.forget(self._observations.of(instance_id))
 
     # ------------------------------------------------------------------ the pass
 
@@ -232,31 +277,22 @@ class FollowerPruner:
                 self._event(error, phase=PHASE_ENDPOINT_RECOVERY)
         if self._generation != generation:
             return
-        for pending in list(self._pending.values()):
-            if not pending.is_current():
-                self._forget(pending)
+        self._observations.forget_stale()
         if not pass_is_current():
             return
 
         attempts = [
             _Attempt(observation.follower, observation, fresh=False)
-            for observation in self._pending.values()
+            for observation in self._observations.current()
         ]
         for follower in self._registry.prune_stale(self._now_ms(), self._stale_after_ms):
             if self._on_pruned is not None:
                 self._on_pruned(follower.copy())
-            self._forget(self._pending.get(follower.instance_id))
+            self._observations.forget(self._observations.of(follower.instance_id))
             observation: _Observation | None = None
             if self._is_eligible_for_observation(follower, epoch):
-                if len(self._pending) < MAX_PENDING_OBSERVATIONS:
-                    observation = _Observation(
-                        follower,
-                        self._registry.observe_unregistered(follower),
-                        self._new_operation_id(),
-                        pass_is_current,
-                    )
-                    self._pending[follower.instance_id] = observation
-                else:
+                observation = self._observations.watch(follower, pass_is_current)
+                if observation is None:
                     self._event(
                         MSG_CAPACITY,
                         phase=PHASE_PRESERVATION_CAPACITY,
@@ -277,7 +313,7 @@ class FollowerPruner:
         """
         follower, observation, fresh = attempt.follower, attempt.observation, attempt.fresh
         if observation is not None and not observation.is_current():
-            self._forget(observation)
+            self._observations.forget(observation)
             return True
 
         dead = False
@@ -314,7 +350,7 @@ class FollowerPruner:
                 pid=follower.pid,
             )
         if not pass_is_current():
-            self._forget(observation)
+            self._observations.forget(observation)
             return False
 
         def preserved_event() -> None:
@@ -330,7 +366,7 @@ class FollowerPruner:
                             can_preserve=self._on_confirmed_dead_preserved is not None)
         if step is AttemptStep.FORGET:
             # A deferred observation authorizes only the non-destructive step, never deletion.
-            self._forget(observation)
+            self._observations.forget(observation)
             preserved_event()
             return True
         if step is AttemptStep.RETAIN:
@@ -380,5 +416,5 @@ class FollowerPruner:
             )
         finally:
             if settled or delete or (observation is not None and not observation.is_current()):
-                self._forget(observation)
+                self._observations.forget(observation)
         return True
