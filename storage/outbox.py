@@ -63,11 +63,6 @@ def item_row(item: OutboxItem) -> tuple[str, str]:
     return _STORED_KINDS.get(item.type, item.type), json.dumps(body, separators=(",", ":"))
 
 
-def item_size(item: OutboxItem) -> int:
-    """The bytes an item's payload takes in its row (the backlog cap counts these)."""
-    return len(item_row(item)[1])
-
-
 def item_of(stored: str, payload: str) -> OutboxItem | None:
     """The item a row of kind ``stored`` holds; None for a kind this version does not know."""
     raw = json.loads(payload)
@@ -103,6 +98,11 @@ class TopicBacklog:
 class OutboxRepository:
     def __init__(self, db: Database):
         self._db = db
+
+    @staticmethod
+    def size_of(item: OutboxItem) -> int:
+        """The bytes an item's payload takes in its row (what the backlog cap counts)."""
+        return len(item_row(item)[1])
 
     async def enqueue(self, *, binding_key: str, chat_id: int, thread_id: int | None, instance_id: str,
                       request_id: str, item: OutboxItem, now_ms: int, authority: Authority,

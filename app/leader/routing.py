@@ -49,7 +49,7 @@ from topicbus.protocol import CAP_EDIT, MAX_MEDIA_FILES, ErrorCode, ProtocolErro
 from topicbus.storage.bindings import BindingRepository
 from topicbus.storage.db import Authority, AuthorityLost, UnitOfWork
 from topicbus.storage.journal import JournalItem, JournalRepository
-from topicbus.storage.outbox import OutboxRepository, item_size
+from topicbus.storage.outbox import OutboxRepository
 
 # A follower whose socket dropped (not pruned: its heartbeats were recent) reconnects within seconds;
 # an owner message meanwhile tells the owner it is offline only if it is still absent after this
@@ -408,7 +408,7 @@ class Router:
         self._roster.registry.heartbeat(entry.instance_id, self._term.now_ms())
         item = req.item
         key = entry.binding_key or ""
-        size = item_size(item)
+        size = self.outbox.size_of(item)
         await self._check_backlog(key, size)
         text = item if isinstance(item, TextMessage) else None
         try:
