@@ -148,10 +148,11 @@ async def _get_updates_round_trip(n: int) -> float:
 
 async def _storage_steps(workdir: Path, n: int) -> tuple[dict[str, float], dict[str, float]]:
     from topicbus.core.bindings import Binding
+    from topicbus.core.records import MessageItem
     from topicbus.core.target import Target
     from topicbus.storage.bindings import BindingRepository
     from topicbus.storage.db import Database
-    from topicbus.storage.journal import JournalRepository
+    from topicbus.storage.journal import JournalRepository, item_json
     from topicbus.storage.lease import LeaseRepository
 
     db = await Database.open(workdir / "breakdown.sqlite3")
@@ -166,8 +167,8 @@ async def _storage_steps(workdir: Path, n: int) -> tuple[dict[str, float], dict[
                 display_title="B", inactive_since_ms=None, offline_notified=False, created_at_ms=now,
                 updated_at_ms=now))
         bindings, journal = BindingRepository(db), JournalRepository(db)
-        payload = {"type": "message", "text": "hello from the owner", "caption": None, "messageId": 10,
-                   "fromUserId": OWNER_ID, "fromName": "Owner", "date": now // 1000, "document": None}
+        payload = MessageItem(text="hello from the owner", message_id=10, from_user_id=OWNER_ID, from_name="Owner",
+                              date=now // 1000)
         update_id = [10_000_000]
         seqs: list[int] = []
 
@@ -224,7 +225,7 @@ async def _storage_steps(workdir: Path, n: int) -> tuple[dict[str, float], dict[
                 seq = raw.execute(
                     "INSERT INTO inbound_journal (update_id, binding_key, payload, created_at_ms) VALUES (?, ?, ?, ?) "
                     "ON CONFLICT (update_id) DO NOTHING RETURNING seq",
-                    (uid, key, json.dumps(payload, separators=(",", ":")), now)).fetchone()[0]
+                    (uid, key, json.dumps(item_json(payload), separators=(",", ":")), now)).fetchone()[0]
                 raw.execute("COMMIT")
                 return seq
             except BaseException:

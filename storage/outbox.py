@@ -65,11 +65,6 @@ def item_row(item: OutboxItem) -> tuple[str, str]:
     return _STORED_KINDS.get(item.type, item.type), json.dumps(body, separators=(",", ":"))
 
 
-def item_size(item: OutboxItem) -> int:
-    """The bytes an item's payload takes in its row (the backlog cap counts these)."""
-    return len(item_row(item)[1])
-
-
 def item_of(stored: str, payload: str) -> OutboxItem | None:
     """The item a row of kind ``stored`` holds; None for a kind this version does not know."""
     raw = json.loads(payload)
@@ -146,8 +141,10 @@ class OutboxRepository:
                            arrived_ms=r["created_at_ms"], has_buttons=bool(r["has_buttons"]),
                            screen=bool(r["screen"])) for r in rows]
 
-    def item_size(self, item: OutboxItem) -> int:
-        return item_size(item)
+    @staticmethod
+    def item_size(item: OutboxItem) -> int:
+        """The bytes an item's payload takes in its row (what the backlog cap counts)."""
+        return len(item_row(item)[1])
 
     async def payloads(self, ids: Sequence[int]) -> dict[int, OutboxItem]:
         """The items of these rows (a row gone, or of a kind this version does not know, is left out)."""
