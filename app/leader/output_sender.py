@@ -426,13 +426,8 @@ class CarriedKeyboards:
                       live: bool) -> None:
         """A message went out with ``keyboard``: remember its message; the live message's keyboard is
         kept so that the edits that grow it keep (or drop) the Interrupt button."""
-        if keyboard is not None and self._keyboards is not None:
-            try:
-                keyboard = await self._keyboards.sent(keyboard, message_id)
-            except AuthorityLost:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
-                self._events.record(exc, phase="outbound-keyboard", level="WARNING")
+        if keyboard is not None:
+            keyboard = await self._sent(keyboard, message_id)
         if live and keyboard is not None:
             self._live_keyboards[key] = keyboard
         else:
@@ -456,13 +451,20 @@ class CarriedKeyboards:
         if keyboard is None or self._keyboards is None:
             self._screen_keyboards.pop(key, None)
             return
+        self._screen_keyboards[key] = await self._sent(keyboard, message_id)
+
+    async def _sent(self, keyboard: Keyboard, message_id: int | None) -> Keyboard:
+        """The keyboard with the message that carries it recorded; as it was when that cannot be
+        stored now (a press on it is then checked against the chat only)."""
+        if self._keyboards is None:
+            return keyboard
         try:
-            keyboard = await self._keyboards.sent(keyboard, message_id)
+            return await self._keyboards.sent(keyboard, message_id)
         except AuthorityLost:
             raise
-        except Exception as exc:  # noqa: BLE001 - a press on it is then checked against the chat only
+        except Exception as exc:  # noqa: BLE001 - a keyboard is never worth holding output back
             self._events.record(exc, phase="outbound-keyboard", level="WARNING")
-        self._screen_keyboards[key] = keyboard
+            return keyboard
 
     def drop_live(self, key: Target) -> None:
         """The topic's live message is no longer grown (or no longer carries a keyboard)."""
