@@ -38,7 +38,10 @@ async def test_topic_created_and_echo_round_trip(cluster: Cluster, tmp_path):
 
 async def test_follower_restart_reuses_its_topic(cluster: Cluster, tmp_path):
     work = tmp_path / "repo-restart"
-    _, first, thread = await cluster.leader_with_follower(work)
+    # Within the cleanup grace (600 s unless configured) a restarted agent gets its topic back. The
+    # harness's grace of 0 deletes a topic as soon as the death is proven, which would make this a
+    # race between the pruner and how fast the second `follow` starts on a loaded machine.
+    _, first, thread = await cluster.leader_with_follower(work, TOPICBUS_CLEANUP_GRACE_S="600")
 
     os.killpg(first.pid, signal.SIGKILL)  # wrapper and agent die at once, no goodbye
     await first.wait()
