@@ -74,8 +74,11 @@ async def test_healthz_is_503_while_the_journal_cannot_be_written(cluster: Clust
     await cluster.wait_text(thread, "agent ready")
     with write_lock(cluster):
         cluster.fake.push_message(CHAT_ID, "kept while the journal is locked", thread_id=thread, from_id=OWNER_ID)
-        # The journal append gives up after SQLite's busy timeout (5 s).
-        reasons = await cluster.wait_for(lambda: _reason("journal:")(cluster), 20, "503 naming the journal")
+        # The journal append gives up after SQLite's busy timeout (5 s) and its retries. When the lease
+        # refresh met the lock first it holds the process's write lock for one busy wait (5 s), and the
+        # journal's unit of work then tries BEGIN up to 8 times (storage/db.py, LOCKED_RETRY_ATTEMPTS):
+        # about 51 s at worst, so the deadline is 60 s.
+        reasons = await cluster.wait_for(lambda: _reason("journal:")(cluster), 60, "503 naming the journal")
         assert "cannot write" in reasons[0]
     await cluster.wait_for(lambda: recorded_lines(out) == ["kept while the journal is locked"], 20,
                            "the message delivered once the journal is writable")
